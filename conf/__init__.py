@@ -1,0 +1,1 @@
+"""runner's Hydra configuration, shipped as the ``runner.conf`` package resource."""

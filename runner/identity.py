@@ -1,0 +1,85 @@
+"""Names for what was measured: config_id, result family and run id.
+
+``config_id`` identifies the served engine (seed 004 §10: "give every changed
+server setup a new config_id"): the same setup gets the same id on any machine,
+and any change to what is served gets a new one. What the users send (workload,
+search, SLO) and where results go are not part of it, so results of one engine
+under several workloads share an id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from runner.config import Precision, RunConfig
+
+# Engine fields that do not change what is served: a label, the port the
+# server listens on (which only decides how it is reached) and the *name* of
+# the variable an API key is read from.
+_ENGINE_FIELDS_NOT_SERVED = {"name", "port", "api_key_env"}
+
+_WEIGHT_FAMILIES: dict[Precision, str] = {
+    "fp32": "fp32",
+    "bf16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "nvfp4": "nvfp4-w4a4",
+    "nvfp4a16": "nvfp4a16",
+    "int4": "int4",
+}
+_SIXTEEN_BIT = {"fp32", "bf16", "fp16"}
+
+
+def served_setup(config: RunConfig) -> dict[str, Any]:
+    """Everything that defines the served engine, as plain values."""
+    hw = config.hw
+    image = config.image
+    model = config.model
+    engine = config.engine.model_dump(exclude=_ENGINE_FIELDS_NOT_SERVED)
+    return {
+        "hw": "cpu" if hw is None else {"name": hw.name, "gpu_name": hw.gpu_name, "count": hw.count},
+        "image": {"reference": image.reference, "vllm_version": image.vllm_version},
+        "model": {
+            "repo": f"{model.repo}@{model.revision}",
+            "weights": model.weights,
+            "quantization": model.quantization,
+            "trust_remote_code": model.trust_remote_code,
+            "reasoning_parser": model.reasoning_parser,
+            "tool_call_parser": model.tool_call_parser,
+            "mamba_ssm_cache_dtype": model.mamba_ssm_cache_dtype,
+            "generated": model.generated,
+        },
+        "kv_cache_dtype": config.kv.cache_dtype,
+        "engine": engine,
+    }
+
+
+def config_id(config: RunConfig) -> str:
+    """A short stable hash (12 hex digits) of :func:`served_setup`."""
+    canonical = json.dumps(served_setup(config), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:12]
+
+
+def family(config: RunConfig) -> str:
+    """The result family (seed 004 §10): results of two families never share a leaderboard.
+
+    The weights' precision, plus the KV precision whenever it is not what those
+    weights imply ("auto", or 16-bit KV for 16-bit weights): ``bf16``,
+    ``fp8-fp8kv``, ``nvfp4a16``, ``nvfp4-w4a4-fp8kv``, ``nvfp4-w4a4-nvfp4kv``.
+    """
+    base = _WEIGHT_FAMILIES[config.model.weights]
+    kv = config.kv.precision
+    if kv == "auto" or (kv == "bf16" and config.model.weights in _SIXTEEN_BIT):
+        return base
+    return f"{base}-{kv}kv"
+
+
+def new_run_id(config: RunConfig, now: datetime | None = None) -> str:
+    """``<hw>-<model>-<YYYYMMDD-HHMMSS>`` in UTC (seed 004 §1)."""
+    moment = (now or datetime.now(UTC)).astimezone(UTC)
+    hw = "cpu" if config.hw is None else config.hw.name
+    parts = (hw, config.model.name, moment.strftime("%Y%m%d-%H%M%S"))
+    return "-".join(part.replace("_", "-") for part in parts)

@@ -1,0 +1,220 @@
+"""N persistent streaming users against vLLM's ``/v1/completions`` (seed 004 sections 6-7).
+
+Each user is a coroutine that sends its next request the moment the last one ends
+(zero think time). User ``i`` belongs to context bucket ``i % n_buckets`` (buckets
+in workload order), so every bucket stays represented at any N, and the users of
+a bucket take that bucket's prompts in order from one shared cursor, so no two
+requests in flight carry the same prompt.
+
+Per-chunk work is kept to one ``json.loads`` of each ``data:`` line and two array
+appends: at 1,000+ streams on a couple of cores the client, not the server, would
+otherwise set the pace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Sequence
+from itertools import count
+
+import httpx
+
+from runner.records import Prompt
+from runner.window import RequestRecord
+from runner.workload import assign_buckets, prompts_by_bucket
+
+log = logging.getLogger("runner")
+
+# After a failed request a user waits this long before the next one, so that a dead
+# server yields a handful of error records instead of a hot loop of thousands.
+ERROR_BACKOFF_S = 0.5
+COMPLETIONS_PATH = "/v1/completions"
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+# Users per HTTP client. httpcore's pool scans every connection on each request, so
+# one pool of 1,000 connections costs O(users) per request and starves the event
+# loop; many small pools keep that scan short. Each pool holds one connection per
+# user, so httpx's default cap of 100 connections never limits concurrency.
+USERS_PER_CLIENT = 16
+
+
+class LoadGenerator:
+    """Drives ``users`` persistent streams until :meth:`stop_dispatch` is called."""
+
+    def __init__(
+        self,
+        base_url: str,
+        prompts: Sequence[Prompt],
+        users: int,
+        *,
+        served_name: str,
+        ignore_eos: bool,
+        temperature: float,
+        request_timeout_s: float,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        if not prompts:
+            raise ValueError("the workload has no prompts")
+        if users < 1:
+            raise ValueError(f"users must be at least 1, got {users}")
+        self._buckets = prompts_by_bucket(list(prompts))
+        self.user_buckets = assign_buckets(users, list(self._buckets))
+        self._cursors = {total: count() for total in self._buckets}
+        self._served_name = served_name
+        self._ignore_eos = ignore_eos
+        self._temperature = temperature
+        self._request_timeout_s = request_timeout_s
+        self._bodies: dict[str, bytes] = {}
+        self._stopping = asyncio.Event()
+        self._tasks: list[asyncio.Task] = []
+        self.records: list[RequestRecord] = []
+        ssl_context = httpx.create_ssl_context()  # once: building one per client is slow
+        per_client = httpx.Limits(
+            max_connections=USERS_PER_CLIENT, max_keepalive_connections=USERS_PER_CLIENT
+        )
+        self._clients = [
+            httpx.AsyncClient(
+                base_url=base_url,
+                headers={**(headers or {}), "Content-Type": "application/json"},
+                limits=per_client,
+                timeout=httpx.Timeout(request_timeout_s, connect=30.0),
+                verify=ssl_context,
+            )
+            for _ in range(-(-users // USERS_PER_CLIENT))
+        ]
+
+    async def __aenter__(self) -> LoadGenerator:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.stop_dispatch()
+        await self.drain(0)
+        await asyncio.gather(*(client.aclose() for client in self._clients))
+
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._user(i), name=f"user-{i}")
+            for i in range(len(self.user_buckets))
+        ]
+
+    def stop_dispatch(self) -> None:
+        """No user sends another request; requests in flight continue."""
+        self._stopping.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Wait for the requests in flight; cancel what is left after ``timeout_s``.
+
+        Returns how many requests had to be cancelled (each is an error record).
+        """
+        if not self._tasks:
+            return 0
+        _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            if timeout_s > 0:
+                log.warning(
+                    "%d request(s) still streaming after the %g s drain timeout were cancelled",
+                    len(pending),
+                    timeout_s,
+                )
+            await asyncio.wait(pending)
+        return len(pending)
+
+    def _body(self, prompt: Prompt) -> bytes:
+        body = self._bodies.get(prompt.id)
+        if body is None:
+            body = json.dumps(
+                {
+                    "model": self._served_name,
+                    "prompt": prompt.token_ids,
+                    "max_tokens": prompt.max_tokens,
+                    "min_tokens": prompt.max_tokens,
+                    "ignore_eos": self._ignore_eos,
+                    "temperature": self._temperature,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                    "return_token_ids": True,
+                },
+                separators=(",", ":"),
+            ).encode()
+            self._bodies[prompt.id] = body
+        return body
+
+    def _next_prompt(self, bucket_total: int) -> Prompt:
+        prompts = self._buckets[bucket_total]
+        return prompts[next(self._cursors[bucket_total]) % len(prompts)]
+
+    async def _user(self, user: int) -> None:
+        bucket_total = self.user_buckets[user]
+        while not self._stopping.is_set():
+            prompt = self._next_prompt(bucket_total)
+            record = RequestRecord(
+                user=user,
+                bucket_total=bucket_total,
+                prompt_id=prompt.id,
+                dispatched_at=time.monotonic(),
+            )
+            self.records.append(record)
+            await self._send(self._clients[user // USERS_PER_CLIENT], record, self._body(prompt))
+            if record.error is not None and not self._stopping.is_set():
+                await asyncio.sleep(ERROR_BACKOFF_S)
+
+    async def _send(self, client: httpx.AsyncClient, record: RequestRecord, body: bytes) -> None:
+        try:
+            async with asyncio.timeout(self._request_timeout_s):
+                await self._stream(client, record, body)
+        except asyncio.CancelledError:
+            record.error = "cancelled: still running when the drain timeout ran out"
+            raise
+        except TimeoutError:
+            record.error = f"timeout: no completion within {self._request_timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+        except ValueError as exc:  # a data: line that is not JSON
+            record.error = f"unreadable stream event: {exc}"
+        finally:
+            record.finished_at = time.monotonic()
+
+    async def _stream(self, client: httpx.AsyncClient, record: RequestRecord, body: bytes) -> None:
+        times, tokens = record.chunk_times, record.chunk_tokens
+        async with client.stream("POST", COMPLETIONS_PATH, content=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {text[:300]}"
+                return
+            pending = b""
+            done = False
+            async for data in response.aiter_bytes():
+                arrived = time.monotonic()
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if not line.startswith(b"data: "):
+                        continue
+                    payload = line[6:]
+                    if payload == b"[DONE]":
+                        done = True
+                        continue
+                    event = json.loads(payload)
+                    choices = event.get("choices")
+                    if choices:
+                        ids = choices[0].get("token_ids")
+                        if ids:
+                            if record.first_token_at is None:
+                                record.first_token_at = arrived
+                            times.append(arrived)
+                            tokens.append(len(ids))
+                    elif event.get("usage"):
+                        record.usage_completion_tokens = event["usage"].get("completion_tokens")
+                    elif "error" in event:
+                        record.error = f"stream error: {str(event['error'])[:300]}"
+            if not done and record.error is None:
+                record.error = "stream ended without [DONE]"

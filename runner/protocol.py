@@ -1,0 +1,221 @@
+"""One measurement window, end to end (seed 004 section 7).
+
+1. confirm the engine is idle (zero running, zero waiting);
+2. start N persistent users and let them warm up, unmeasured;
+3. read ``vllm:generation_tokens_total`` (t0), sample ``/metrics`` once a second
+   and run the optional GPU telemetry until exactly ``window_s`` later;
+4. stop dispatching, read the counter again (t1);
+5. follow the requests in flight to completion (or the drain timeout) for their
+   latency, and wait until the engine is idle again.
+
+Throughput counts only token IDs that arrived in ``[t0, t1]``; see
+:mod:`runner.window` for the statistics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+import httpx
+
+from runner.config import RunConfig
+from runner.engines.base import RunningEngine
+from runner.errors import EngineError, MeasurementError
+from runner.load import LoadGenerator, auth_headers
+from runner.records import Prompt, WindowResult
+from runner.sampler import Sampler, metrics_client, read_metrics, wait_idle_async
+from runner.window import MetricsSample, WindowMeasurement, summarize_window
+
+log = logging.getLogger("runner")
+
+
+def run_window(
+    engine: RunningEngine,
+    config: RunConfig,
+    prompts: Sequence[Prompt],
+    users: int,
+    *,
+    config_id: str,
+    run_id: str,
+    phase: str,
+    window_s: float | None = None,
+    telemetry=None,
+    api_key: str | None = None,
+) -> WindowResult:
+    """Measure ``users`` concurrent users for one window; the engine is idle afterwards.
+
+    ``telemetry`` is anything with ``start()`` and ``stop() -> TelemetrySummary``.
+    Raises EngineError when the engine has already failed before the window, and
+    MeasurementError when ``/metrics`` cannot be read or the engine does not go idle.
+    A fault *during* the window gives an invalid result instead, with its reason.
+    """
+    measurement = collect_window(
+        engine, config, prompts, users, window_s=window_s, telemetry=telemetry, api_key=api_key
+    )
+    result = summarize_window(
+        measurement,
+        run_id=run_id,
+        config_id=config_id,
+        phase=phase,
+        audit_tolerance_pct=config.slo.audit_tolerance_pct,
+    )
+    log.debug(
+        "window users=%d aggregate=%.1f tok/s server=%s audit=%s valid=%s",
+        users,
+        result.row.aggregate_output_tok_s,
+        result.row.server_output_tok_s,
+        result.detail.audit_delta_pct,
+        result.row.valid,
+    )
+    return result
+
+
+def collect_window(
+    engine: RunningEngine,
+    config: RunConfig,
+    prompts: Sequence[Prompt],
+    users: int,
+    *,
+    window_s: float | None = None,
+    telemetry=None,
+    api_key: str | None = None,
+) -> WindowMeasurement:
+    """The raw window (every request's chunk times included), before any statistics."""
+    if users < 1:
+        raise ValueError(f"users must be at least 1, got {users}")
+    return asyncio.run(
+        _collect(
+            engine,
+            config,
+            prompts,
+            users,
+            window_s=window_s if window_s is not None else config.search.window_s,
+            telemetry=telemetry,
+            api_key=api_key,
+        )
+    )
+
+
+def wait_idle(base_url: str, timeout_s: float, api_key: str | None = None) -> None:
+    """Block until the engine reports zero running and zero waiting requests."""
+
+    async def wait() -> None:
+        async with metrics_client(base_url, auth_headers(api_key)) as client:
+            await wait_idle_async(client, timeout_s)
+
+    asyncio.run(wait())
+
+
+def _raise_if_fault(engine: RunningEngine, when: str) -> None:
+    fault = engine.fault()
+    if fault is not None:
+        raise EngineError(
+            f"The engine stopped serving {when} ({fault.reason}). No window can be measured "
+            f"on it; the run relaunches or stops as backend.on_engine_fault says. "
+            f"Last lines of its log:\n{engine.log_tail()}"
+        )
+
+
+async def _collect(
+    engine: RunningEngine,
+    config: RunConfig,
+    prompts: Sequence[Prompt],
+    users: int,
+    *,
+    window_s: float,
+    telemetry,
+    api_key: str | None,
+) -> WindowMeasurement:
+    search, workload = config.search, config.workload
+    headers = auth_headers(api_key)
+    _raise_if_fault(engine, "before the window")
+    load = LoadGenerator(
+        engine.base_url,
+        prompts,
+        users,
+        served_name=config.model.served_name,
+        ignore_eos=workload.ignore_eos,
+        temperature=workload.temperature,
+        request_timeout_s=workload.request_timeout_s,
+        headers=headers,
+    )
+    async with metrics_client(engine.base_url, headers) as metrics, load:
+        await wait_idle_async(metrics, search.drain_timeout_s)
+        load.start()
+        await asyncio.sleep(search.warmup_s)
+        start = await _boundary_read(metrics, engine, "at the start of the window")
+        if telemetry is not None:
+            telemetry.start()
+        sampler = Sampler(metrics, search.metrics_interval_s, engine.fault)
+        sampler_task = asyncio.create_task(sampler.run(until=start.at + window_s))
+        await _sleep_until(start.at + window_s, sampler.fault_seen)
+        load.stop_dispatch()
+        end = await _end_read(metrics, engine)
+        ended_at = end.at if end is not None else time.monotonic()
+        telemetry_summary = telemetry.stop() if telemetry is not None else None
+        sampler_task.cancel()
+        (sampler_outcome,) = await asyncio.gather(sampler_task, return_exceptions=True)
+        if isinstance(sampler_outcome, Exception):
+            raise sampler_outcome  # e.g. the backend's fault() itself failed
+        log.debug("window closed; draining %d users", users)
+        cancelled = await load.drain(search.drain_timeout_s)
+        fault = engine.fault()
+        if fault is None:
+            await wait_idle_async(metrics, search.drain_timeout_s)
+    samples = [start, *sampler.samples, *([end] if end is not None else [])]
+    return WindowMeasurement(
+        timestamp_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+        users=users,
+        user_buckets=load.user_buckets,
+        window_s=window_s,
+        t0=start.at,
+        t1=ended_at,
+        records=load.records,
+        start=start.metrics,
+        end=end.metrics if end is not None else None,
+        samples=samples,
+        telemetry=telemetry_summary,
+        engine_fault=fault.reason if fault is not None else None,
+        extra={
+            "warmup_s": search.warmup_s,
+            "requests_total": len(load.records),
+            "cancelled_at_drain": cancelled,
+            "failed_metric_reads": sampler.failed_reads,
+            "boundary_read_ms": [
+                round(sample.took_s * 1000, 3) for sample in (start, end) if sample is not None
+            ],
+        },
+    )
+
+
+async def _sleep_until(deadline: float, interrupt: asyncio.Event) -> None:
+    """Sleep to the monotonic ``deadline``, or less if ``interrupt`` fires."""
+    waiter = asyncio.create_task(interrupt.wait())
+    try:
+        await asyncio.wait([waiter], timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        waiter.cancel()
+
+
+async def _boundary_read(
+    client: httpx.AsyncClient, engine: RunningEngine, when: str
+) -> MetricsSample:
+    try:
+        return await read_metrics(client)
+    except MeasurementError:
+        _raise_if_fault(engine, when)
+        raise
+
+
+async def _end_read(client: httpx.AsyncClient, engine: RunningEngine) -> MetricsSample | None:
+    """The closing counter read; None when the engine died (the window is then invalid)."""
+    try:
+        return await read_metrics(client)
+    except MeasurementError:
+        if engine.fault() is not None:
+            return None
+        raise

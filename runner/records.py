@@ -1,0 +1,110 @@
+"""Values that cross stage boundaries: the window row and its detail.
+
+``WindowRow`` holds exactly the seed 004 section 8 fields (plus ``config_id`` and
+``run_id``, which the seed also puts in every row) in the seed's order, and is what
+goes to JSONL, CSV, the console and MLflow. ``WindowDetail`` carries what the seed
+asks to keep beside it (per-user and per-bucket figures, audit, invalid reasons).
+Figures that could not be measured are ``None`` ("unavailable"), never zero.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+@dataclass(frozen=True)
+class WindowRow:
+    timestamp_utc: str
+    run_id: str
+    config_id: str
+    window_s: float
+    users: int
+    aggregate_output_tok_s: float
+    server_output_tok_s: float | None
+    mean_user_tok_s: float
+    min_user_tok_s: float
+    p05_user_tok_s: float
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    ttft_p99_ms: float | None
+    request_latency_p50_ms: float | None
+    request_latency_p95_ms: float | None
+    request_latency_p99_ms: float | None
+    request_errors: int
+    preemptions: int | None
+    peak_kv_cache_pct: float | None
+    gpu_util_avg_pct: float | None
+    power_avg_w: float | None
+    valid: bool
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class BucketStats:
+    """Per context bucket, so a fast short-context population cannot hide starvation."""
+
+    total_tokens: int
+    users: int
+    requests: int
+    output_tok_s: float
+    min_user_tok_s: float | None
+    ttft_p50_ms: float | None
+    ttft_p99_ms: float | None
+    request_latency_p50_ms: float | None
+    request_latency_p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class WindowDetail:
+    """Everything measured about one window beyond the row."""
+
+    phase: str
+    user_tok_s: list[float]
+    user_bucket: list[int]
+    buckets: list[BucketStats]
+    client_tokens: int
+    server_tokens: int | None
+    audit_delta_pct: float | None
+    requests_dispatched: int
+    requests_completed: int
+    invalid_reasons: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    row: WindowRow
+    detail: WindowDetail
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One request of the frozen workload: exact token IDs after the chat template."""
+
+    id: str
+    bucket_total: int
+    prompt_tokens: int
+    max_tokens: int
+    token_ids: list[int]
+    text: str
+
+
+@dataclass(frozen=True)
+class TelemetrySummary:
+    """GPU telemetry over one window; ``None`` figures mean unavailable, not zero."""
+
+    available: bool
+    gpu_util_avg_pct: float | None
+    power_avg_w: float | None
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    throttled: bool = False

@@ -1,0 +1,280 @@
+"""Statistics of one measurement window (seed 004 sections 7 and 8), from plain values.
+
+The load generator and sampler collect a :class:`WindowMeasurement`; this module
+turns it into the :class:`~runner.records.WindowResult` row and detail. Rules:
+
+* throughput counts only token IDs whose chunk *arrived* inside ``[t0, t1]``: a
+  request that started in warm-up contributes its in-window tokens, one that runs
+  past the boundary contributes nothing after it;
+* latency percentiles cover the requests *dispatched* inside the window, followed to
+  completion after the boundary;
+* a failed request is counted, never dropped: its time to failure enters both
+  latency samples (the window is invalid anyway);
+* figures that could not be measured are ``None``, never zero.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from runner.metrics import EngineMetrics
+from runner.records import BucketStats, TelemetrySummary, WindowDetail, WindowResult, WindowRow
+
+
+@dataclass
+class RequestRecord:
+    """One streamed request, timed on the client's monotonic clock (seconds).
+
+    ``chunk_times[i]`` is when the i-th token-bearing SSE chunk arrived and
+    ``chunk_tokens[i]`` how many token IDs it carried (a chunk can carry several);
+    kept compact because a long window at high concurrency holds millions of them,
+    and kept at all because bursty delivery (seed 000) shows only in their spacing.
+    """
+
+    user: int
+    bucket_total: int
+    prompt_id: str
+    dispatched_at: float
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    chunk_times: array = field(default_factory=lambda: array("d"))
+    chunk_tokens: array = field(default_factory=lambda: array("I"))
+    error: str | None = None
+    usage_completion_tokens: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    def tokens_between(self, start: float, end: float) -> int:
+        """Token IDs whose chunk arrived in ``[start, end]``."""
+        first = bisect_left(self.chunk_times, start)
+        last = bisect_right(self.chunk_times, end)
+        return sum(self.chunk_tokens[first:last])
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One read of ``/metrics``: ``at`` is the GET's client-side midpoint, ``took_s``
+    its duration, which bounds how far the server's read can be from ``at``."""
+
+    at: float
+    metrics: EngineMetrics
+    took_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WindowMeasurement:
+    """Everything one window collected, before any statistics.
+
+    ``t0``/``t1`` are the client-side midpoints of the two boundary reads of
+    ``/metrics`` (``start``/``end``); ``end`` is None when it could not be read.
+    """
+
+    timestamp_utc: str
+    users: int
+    user_buckets: list[int]  # bucket total_tokens of user i
+    window_s: float  # nominal, as configured
+    t0: float
+    t1: float
+    records: list[RequestRecord]
+    start: EngineMetrics
+    end: EngineMetrics | None
+    samples: list[MetricsSample] = field(default_factory=list)
+    telemetry: TelemetrySummary | None = None
+    engine_fault: str | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def percentile_ms(seconds: Sequence[float], q: float) -> float | None:
+    if not seconds:
+        return None
+    return float(np.percentile(np.asarray(seconds, dtype=float), q) * 1000.0)
+
+
+def _counter_delta(start: float | None, end: float | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return end - start
+
+
+def _latencies(records: Sequence[RequestRecord]) -> tuple[list[float], list[float]]:
+    """TTFT and end-to-end seconds; a failed request enters both at its time to failure."""
+    ttft, latency = [], []
+    for record in records:
+        if record.finished_at is None:
+            continue
+        end = record.finished_at - record.dispatched_at
+        first = record.first_token_at
+        ttft.append(first - record.dispatched_at if first is not None else end)
+        latency.append(end)
+    return ttft, latency
+
+
+def _bucket_stats(
+    bucket_total: int,
+    user_tok_s: list[float],
+    user_buckets: list[int],
+    dispatched: list[RequestRecord],
+    span_s: float,
+    tokens_per_user: list[int],
+) -> BucketStats:
+    members = [i for i, total in enumerate(user_buckets) if total == bucket_total]
+    own = [record for record in dispatched if record.bucket_total == bucket_total]
+    ttft, latency = _latencies(own)
+    return BucketStats(
+        total_tokens=bucket_total,
+        users=len(members),
+        requests=len(own),
+        output_tok_s=sum(tokens_per_user[i] for i in members) / span_s,
+        min_user_tok_s=min((user_tok_s[i] for i in members), default=None),
+        ttft_p50_ms=percentile_ms(ttft, 50),
+        ttft_p99_ms=percentile_ms(ttft, 99),
+        request_latency_p50_ms=percentile_ms(latency, 50),
+        request_latency_p99_ms=percentile_ms(latency, 99),
+    )
+
+
+def _audit(client_tokens: int, server_tokens: int | None) -> float | None:
+    if server_tokens is None or server_tokens <= 0:
+        return None
+    return abs(client_tokens - server_tokens) / server_tokens * 100.0
+
+
+def summarize_window(
+    measurement: WindowMeasurement,
+    *,
+    run_id: str,
+    config_id: str,
+    phase: str,
+    audit_tolerance_pct: float,
+) -> WindowResult:
+    """The seed 004 section 8 row and its detail for one measured window."""
+    m = measurement
+    span_s = m.t1 - m.t0
+    if span_s <= 0:
+        raise ValueError(f"window end {m.t1} is not after its start {m.t0}")
+
+    tokens_per_user = [0] * m.users
+    for record in m.records:
+        if record.dispatched_at <= m.t1 and (
+            record.finished_at is None or record.finished_at >= m.t0
+        ):
+            tokens_per_user[record.user] += record.tokens_between(m.t0, m.t1)
+    user_tok_s = [tokens / span_s for tokens in tokens_per_user]
+    client_tokens = sum(tokens_per_user)
+    aggregate = client_tokens / span_s
+
+    dispatched = [r for r in m.records if m.t0 <= r.dispatched_at <= m.t1]
+    # A failure is counted whenever the request overlapped the window: a warm-up
+    # request that dies inside the window lost tokens the window should have had.
+    overlapping = [
+        r
+        for r in m.records
+        if r.dispatched_at <= m.t1 and (r.finished_at is None or r.finished_at >= m.t0)
+    ]
+    failed = [r for r in overlapping if r.error is not None]
+    ttft, latency = _latencies(dispatched)
+
+    server_delta = _counter_delta(
+        m.start.generation_tokens_total, m.end.generation_tokens_total if m.end else None
+    )
+    server_tokens = round(server_delta) if server_delta is not None else None
+    preemption_delta = _counter_delta(
+        m.start.preemptions_total, m.end.preemptions_total if m.end else None
+    )
+    audit_pct = _audit(client_tokens, server_tokens)
+    kv_reads = [s.metrics.kv_cache_usage for s in m.samples if s.metrics.kv_cache_usage is not None]
+
+    invalid: list[str] = []
+    if failed:
+        invalid.append(f"{len(failed)} request error(s), first: {failed[0].error}")
+    if audit_pct is None:
+        invalid.append("server generation counter unavailable or unchanged: no audit possible")
+    elif audit_pct > audit_tolerance_pct:
+        invalid.append(
+            f"client tokens {client_tokens} and server tokens {server_tokens} differ by "
+            f"{audit_pct:.3f}% (> {audit_tolerance_pct}%)"
+        )
+    if m.engine_fault is not None:
+        invalid.append(f"engine fault: {m.engine_fault}")
+
+    telemetry = m.telemetry
+    row = WindowRow(
+        timestamp_utc=m.timestamp_utc,
+        run_id=run_id,
+        config_id=config_id,
+        window_s=m.window_s,
+        users=m.users,
+        aggregate_output_tok_s=aggregate,
+        server_output_tok_s=server_tokens / span_s if server_tokens is not None else None,
+        mean_user_tok_s=aggregate / m.users,
+        min_user_tok_s=min(user_tok_s),
+        p05_user_tok_s=float(np.percentile(user_tok_s, 5)),
+        ttft_p50_ms=percentile_ms(ttft, 50),
+        ttft_p95_ms=percentile_ms(ttft, 95),
+        ttft_p99_ms=percentile_ms(ttft, 99),
+        request_latency_p50_ms=percentile_ms(latency, 50),
+        request_latency_p95_ms=percentile_ms(latency, 95),
+        request_latency_p99_ms=percentile_ms(latency, 99),
+        request_errors=len(failed),
+        preemptions=round(preemption_delta) if preemption_delta is not None else None,
+        peak_kv_cache_pct=max(kv_reads) * 100.0 if kv_reads else None,
+        gpu_util_avg_pct=telemetry.gpu_util_avg_pct if telemetry else None,
+        power_avg_w=telemetry.power_avg_w if telemetry else None,
+        valid=not invalid,
+    )
+    bucket_totals = list(dict.fromkeys(m.user_buckets))  # workload order
+    detail = WindowDetail(
+        phase=phase,
+        user_tok_s=user_tok_s,
+        user_bucket=list(m.user_buckets),
+        buckets=[
+            _bucket_stats(total, user_tok_s, m.user_buckets, dispatched, span_s, tokens_per_user)
+            for total in bucket_totals
+        ],
+        client_tokens=client_tokens,
+        server_tokens=server_tokens,
+        audit_delta_pct=audit_pct,
+        requests_dispatched=len(dispatched),
+        requests_completed=sum(
+            1 for r in dispatched if r.error is None and r.finished_at is not None
+        ),
+        invalid_reasons=invalid,
+        extra={
+            "measured_window_s": span_s,
+            "queue": _queue_summary(m.samples),
+            "errors": [r.error for r in failed[:20]],
+            # Streamed token IDs against the server's own usage count, per request.
+            "usage_mismatches": sum(
+                1
+                for r in m.records
+                if r.usage_completion_tokens is not None and r.usage_completion_tokens != r.tokens
+            ),
+            "telemetry_throttled": telemetry.throttled if telemetry else None,
+            **m.extra,
+        },
+    )
+    return WindowResult(row=row, detail=detail)
+
+
+def _queue_summary(samples: Sequence[MetricsSample]) -> dict:
+    """What the 1 Hz samples say about the scheduler (seed 004 section 10 cues)."""
+    running = [
+        s.metrics.requests_running for s in samples if s.metrics.requests_running is not None
+    ]
+    waiting = [
+        s.metrics.requests_waiting for s in samples if s.metrics.requests_waiting is not None
+    ]
+    return {
+        "samples": len(samples),
+        "running_mean": float(np.mean(running)) if running else None,
+        "running_max": max(running) if running else None,
+        "waiting_mean": float(np.mean(waiting)) if waiting else None,
+        "waiting_max": max(waiting) if waiting else None,
+    }

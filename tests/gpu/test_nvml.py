@@ -1,0 +1,81 @@
+"""NVML preflight and telemetry on a real NVIDIA GPU; skipped where NVML is absent."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from runner import gpu
+from runner.config import Hardware
+from runner.errors import PreflightError
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not gpu.nvml_available(), reason="no NVIDIA driver (NVML) on this machine"),
+]
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def profile_for_this_gpu() -> Hardware:
+    """The hw profile whose gpu_name is the GPU here (conf/hw/*.yaml)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+    finally:
+        pynvml.nvmlShutdown()
+    name = name.decode() if isinstance(name, bytes) else name
+    for path in sorted((CONF / "hw").glob("*.yaml")):
+        hw = yaml.safe_load(path.read_text())["hw"]
+        if gpu.same_gpu_name(name, hw["gpu_name"]) and hw["count"] == 1:
+            return Hardware.model_validate(hw)
+    pytest.skip(f"no single-GPU profile in conf/hw names {name}")
+
+
+def test_preflight_accepts_the_profile_of_this_gpu():
+    """Seed 004 §3: identity, memory, driver, no other process, no throttling at idle."""
+    hw = profile_for_this_gpu()
+    facts = gpu.preflight(hw)
+    assert facts["gpu_count"] >= hw.count
+    first = facts["gpus"][0]
+    assert gpu.same_gpu_name(first["name"], hw.gpu_name)
+    assert tuple(first["compute_capability"]) == tuple(hw.compute_capability)
+    assert gpu.version_at_least(facts["driver_version"], hw.min_driver)
+    assert first["clock_event_names"] is not None
+
+
+def test_preflight_refuses_a_profile_this_machine_does_not_match():
+    hw = profile_for_this_gpu()
+    wrong = hw.model_copy(update={"count": 64, "gpu_name": "NVIDIA B200", "min_driver": "999.0"})
+    with pytest.raises(PreflightError) as refused:
+        gpu.preflight(wrong)
+    message = str(refused.value)
+    assert "needs 64" in message
+    assert "is not a NVIDIA B200" in message
+    assert "older than the profile's minimum 999.0" in message
+
+
+def test_sampler_reads_power_and_sees_the_gpu_busy_under_load():
+    """The row's gpu_util_avg_pct and power_avg_w come from these samples (seed 004 §8)."""
+    torch = pytest.importorskip("torch")
+    idle = gpu.GpuSampler(device_indices=[0], interval_s=0.5)
+    idle.start()
+    time.sleep(2.0)
+    idle_summary = idle.stop()
+    busy = gpu.GpuSampler(device_indices=[0], interval_s=0.5)
+    matrix = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    busy.start()
+    deadline = time.monotonic() + 3.0
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            matrix @ matrix
+        torch.cuda.synchronize()
+    busy_summary = busy.stop()
+    assert len(idle_summary.samples) >= 3
+    assert idle_summary.power_avg_w is not None and idle_summary.power_avg_w > 0
+    assert busy_summary.gpu_util_avg_pct is not None and busy_summary.gpu_util_avg_pct > 50
+    assert busy_summary.power_avg_w > idle_summary.power_avg_w

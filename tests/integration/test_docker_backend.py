@@ -1,0 +1,199 @@
+"""The docker backend against a real dockerd and the local vLLM-CPU engine image.
+
+The image is built by ``scripts/build-engine-image.sh`` (CI runs it first). Tests
+are skipped only when no Docker engine answers.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from runner.config import RunConfig, build_config
+from runner.engines.base import LaunchPlan
+from runner.errors import EngineFlagError, EngineStartError
+from runner.flags import check_flags, image_present, local_supported_flags, supported_flags
+from runner.launch import build_launch_plan
+from tests.conftest import compose
+
+ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
+TINY_CONTEXT = 4096
+
+
+def _docker_client():
+    try:
+        import docker
+
+        client = docker.from_env()
+        client.ping()
+        return client
+    except Exception as exc:  # no daemon, no socket, no permission
+        return exc
+
+
+_CLIENT = _docker_client()
+NO_DOCKER = isinstance(_CLIENT, Exception)
+
+
+def docker_test(test):
+    """Integration test against dockerd; skipped only when no Docker engine answers."""
+    for mark in (
+        pytest.mark.integration,
+        pytest.mark.docker,
+        pytest.mark.skipif(NO_DOCKER, reason=f"no Docker engine answers here ({_CLIENT!r})"),
+    ):
+        test = mark(test)
+    return test
+
+
+@pytest.fixture(scope="module")
+def client():
+    return _CLIENT
+
+
+@pytest.fixture(scope="module")
+def engine_image(client) -> str:
+    if not image_present(ENGINE_IMAGE, docker_client=client):
+        pytest.fail(f"{ENGINE_IMAGE} is missing: run scripts/build-engine-image.sh first")
+    return ENGINE_IMAGE
+
+
+@pytest.fixture(scope="module")
+def docker_config() -> RunConfig:
+    config = build_config(compose(["backend=docker", "image=cpu_local"]))
+    backend = config.backend.model_copy(update={"startup_timeout_s": 300.0, "shm_size": "2g"})
+    return config.model_copy(update={"backend": backend})
+
+
+def run_containers(client, run_id: str) -> list:
+    return client.containers.list(all=True, filters={"label": f"runner.run_id={run_id}"})
+
+
+def new_run_id() -> str:
+    return f"itest-{uuid.uuid4().hex[:8]}"
+
+
+# -- flags -------------------------------------------------------------------------
+@docker_test
+def test_unknown_flag_is_refused_from_the_images_own_help(client, engine_image, tmp_path, docker_config):
+    """Seed 003 pitfall 1: --swap-space is unknown to the pinned vLLM, found before start."""
+    supported = supported_flags(engine_image, cache_dir=tmp_path, docker_client=client)
+    assert {"--model", "--max-num-seqs", "--no-enable-prefix-caching"} <= supported
+    with pytest.raises(EngineFlagError) as refused:
+        check_flags(["--model", "/m", "--swap-space", "0", "--max-num-seqs", "8"], supported, engine_image)
+    message = str(refused.value)
+    assert "--swap-space" in message and engine_image in message
+    assert "--max-num-seqs" not in message and "--model" not in message
+
+    # Every flag runner itself builds from the real config is one the image knows.
+    plan = build_launch_plan(docker_config, model_path="/models/tiny", host="0.0.0.0")
+    check_flags(plan.argv, supported, engine_image)
+
+    # The second call reads the cache (per image ID) instead of starting a container.
+    cached = list((tmp_path / "flags").glob("*.json"))
+    assert len(cached) == 1
+    started = time.monotonic()
+    assert supported_flags(engine_image, cache_dir=tmp_path, docker_client=client) == supported
+    assert time.monotonic() - started < 1.0
+
+
+@pytest.mark.integration
+def test_local_engine_flags_come_from_the_installed_vllm(tmp_path):
+    """Seed 003 pitfall 1, for the process backend: the installed vLLM's own --help=all."""
+    supported = local_supported_flags(sys.executable, tmp_path)
+    assert "--max-num-seqs" in supported
+    with pytest.raises(EngineFlagError, match="--swap-space"):
+        check_flags(["--swap-space", "0"], supported, "the local vLLM")
+    check_flags(["--max_num_seqs=4", "--compilation-config.mode=0", "-O0"], supported, "the local vLLM")
+
+
+@docker_test
+def test_an_absent_image_is_reported_absent(client):
+    assert not image_present("local/no-such-image:0", docker_client=client)
+
+
+# -- engine lifecycle --------------------------------------------------------------
+@docker_test
+def test_gpu_request_on_a_host_without_gpu_runtime_fails_clearly_and_leaves_nothing(
+    client, engine_image, docker_config, tmp_path
+):
+    """Seed 003 Step 7 runs with --gpus all; here that must fail at once, cleanly."""
+    from runner.engines.docker import DockerEngine
+
+    run_id = new_run_id()
+    plan = LaunchPlan(image=engine_image, argv=["--help"], gpus="all")
+    with pytest.raises(EngineStartError, match="no NVIDIA container runtime"):
+        with DockerEngine(docker_config, plan, run_id=run_id, config_id="gpu", log_dir=tmp_path):
+            pytest.fail("the engine must not start without a GPU runtime")
+    assert run_containers(client, run_id) == []
+
+
+@docker_test
+def test_an_engine_that_exits_at_start_is_reported_with_its_log(client, engine_image, docker_config, tmp_path):
+    """Seed 003 pitfall 1 as the engine itself reports it: 'unrecognized arguments'."""
+    from runner.engines.docker import DockerEngine
+
+    run_id = new_run_id()
+    plan = LaunchPlan(image=engine_image, argv=["--swap-space", "0"])
+    started = time.monotonic()
+    with pytest.raises(EngineStartError) as failed:
+        with DockerEngine(docker_config, plan, run_id=run_id, config_id="bad", log_dir=tmp_path):
+            pytest.fail("the engine must not become ready")
+    assert time.monotonic() - started < 120  # at once, not after startup_timeout_s
+    assert "unrecognized arguments" in str(failed.value)
+    assert run_containers(client, run_id) == []
+
+
+@docker_test
+def test_engine_serves_then_a_killed_container_is_a_fault_and_nothing_is_left(
+    client, engine_image, docker_config, tiny_model_dir: Path, tmp_path
+):
+    """The container serves on 127.0.0.1 only; a kill shows in fault(); exit removes it."""
+    from runner.engines.docker import DockerEngine
+
+    run_id = new_run_id()
+    plan = LaunchPlan(
+        image=engine_image,
+        argv=[
+            "--model", "/models/tiny",
+            "--served-model-name", "tiny",
+            "--load-format", "dummy",
+            "--gpu-memory-utilization", "0.3",
+            "--max-model-len", str(TINY_CONTEXT),
+            "--host", "0.0.0.0",
+            "--port", "8000",
+        ],
+        env={"HF_HUB_OFFLINE": "1"},
+        mounts=[(str(tiny_model_dir), "/models/tiny", "ro")],
+        port=8000,
+    )
+    with DockerEngine(docker_config, plan, run_id=run_id, config_id="tiny-cpu", log_dir=tmp_path) as engine:
+        assert engine.base_url.startswith("http://127.0.0.1:")
+        assert engine.image_id == client.images.get(engine_image).id
+        assert engine.fault() is None
+        labels = engine.container.labels
+        assert labels["runner.run_id"] == run_id and labels["runner.config_id"] == "tiny-cpu"
+        published = engine.container.attrs["NetworkSettings"]["Ports"]["8000/tcp"]
+        assert {binding["HostIp"] for binding in published} == {"127.0.0.1"}
+
+        reply = httpx.post(
+            f"{engine.base_url}/v1/completions",
+            json={"model": "tiny", "prompt": "hello", "max_tokens": 8, "ignore_eos": True},
+            timeout=60,
+        )
+        assert reply.status_code == 200
+        assert reply.json()["usage"]["completion_tokens"] == 8
+        assert "Application startup complete" in engine.log_tail(400)
+
+        engine.container.kill()
+        deadline = time.monotonic() + 30
+        while engine.fault() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        fault = engine.fault()
+        assert fault is not None and fault.exit_code == 137 and not fault.oom_killed
+    assert run_containers(client, run_id) == []

@@ -1,0 +1,161 @@
+"""The final report (seed 004 section 11), its plots, and the family-split comparison."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from runner.compare import render_compare
+from runner.records import BucketStats, WindowDetail, WindowRow
+from runner.report import plot_report, render_report
+
+SUMMARY = {
+    "run_id": "run-a",
+    "config_id": "nvfp4-w4a4-nvfp4kv-batch-default",
+    "family": "nvfp4-w4a4/nvfp4-kv",
+    "model_repo": "nvidia/Llama-3.1-8B-Instruct-NVFP4",
+    "model_commit": "abc123",
+    "gpu": "1x NVIDIA GeForce RTX 5090 (32 GiB)",
+    "host": "offer 123",
+    "vllm_version": "0.22.1",
+    "image": "vllm/vllm-openai@sha256:" + "a" * 64,
+    "cuda_version": "13.0",
+    "driver_version": "595.58.03",
+    "quantization": "ModelOpt NVFP4 W4A4, native SM120",
+    "kv_cache": "NVFP4 (packed 4-bit data with FP8 block scales)",
+    "context_distribution": "equal 1k/2k/4k/8k/16k/24k/30k",
+    "workload_hash": "sha256:feed",
+    "floor_tok_s": 15.0,
+    "best_users": 28,
+    "engine_minutes": 42.5,
+}
+
+SECTION_11_LABELS = [
+    "Model", "GPU", "Host", "vLLM / image / CUDA / driver", "Quantization backend confirmed",
+    "KV cache", "Context distribution", "Best valid concurrency",
+    "Median aggregate output throughput", "Minimum user throughput", "Mean user throughput",
+    "TTFT p99", "Request latency p99", "Workload hash", "Windows run", "Engine-minutes",
+]  # fmt: skip
+
+
+def make_row(users: int, aggregate: float, slowest: float, valid: bool = True) -> WindowRow:
+    return WindowRow(
+        timestamp_utc="2026-07-10T12:00:00Z", run_id="run-a", config_id="cfg", window_s=300.0,
+        users=users, aggregate_output_tok_s=aggregate, server_output_tok_s=aggregate,
+        mean_user_tok_s=aggregate / users, min_user_tok_s=slowest, p05_user_tok_s=slowest + 0.2,
+        ttft_p50_ms=100.0, ttft_p95_ms=200.0, ttft_p99_ms=300.0 + users,
+        request_latency_p50_ms=1e4, request_latency_p95_ms=2e4, request_latency_p99_ms=3e4 + users,
+        request_errors=0, preemptions=0, peak_kv_cache_pct=50.0, gpu_util_avg_pct=None,
+        power_avg_w=None, valid=valid,
+    )  # fmt: skip
+
+
+def make_detail(
+    users: int, phase: str = "confirm", reasons: list[str] | None = None
+) -> WindowDetail:
+    buckets = [
+        BucketStats(total, users // 2, 10, 40.0, 16.0, 50.0, 100.0 * index + users, 1e4, 2e4)
+        for index, total in enumerate((1000, 30000), start=1)
+    ]
+    return WindowDetail(
+        phase=phase, user_tok_s=[16.0] * users, user_bucket=[0] * users, buckets=buckets,
+        client_tokens=1, server_tokens=1, audit_delta_pct=0.0, requests_dispatched=1,
+        requests_completed=1, invalid_reasons=reasons or [],
+    )  # fmt: skip
+
+
+ROWS = [
+    make_row(7, 200.0, 25.0),
+    make_row(14, 380.0, 22.0),
+    make_row(28, 500.0, 16.0),
+    make_row(28, 520.0, 15.5),
+    make_row(28, 510.0, 15.8),
+    make_row(56, 700.0, 9.0, valid=False),
+]
+DETAILS = [make_detail(r.users) for r in ROWS[:-1]] + [
+    make_detail(56, "bracket", ["audit 2.3% > 1%"])
+]
+
+
+def fact(report: str, label: str) -> str:
+    prefix = f"- **{label}:** "
+    lines = [line for line in report.splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, f"{label!r} should appear once in the report"
+    return lines[0].removeprefix(prefix)
+
+
+def test_every_section_11_field_is_present() -> None:
+    """seed 004 §11 lists the fields a final summary must contain."""
+    report = render_report(SUMMARY, ROWS, DETAILS)
+    for label in SECTION_11_LABELS:
+        assert fact(report, label) != "unavailable", label
+    assert fact(report, "Model") == "nvidia/Llama-3.1-8B-Instruct-NVFP4@abc123"
+    assert fact(report, "vLLM / image / CUDA / driver").endswith("/ 13.0 / 595.58.03")
+    assert fact(report, "Windows run") == "6"
+
+
+def test_headline_figures_are_derived_from_the_valid_windows_at_best_n() -> None:
+    """seed 004 §9.8: the median over the confirmation windows; the slowest user of all."""
+    report = render_report(SUMMARY, ROWS, DETAILS)
+    assert fact(report, "Best valid concurrency") == "28"
+    assert fact(report, "Median aggregate output throughput") == "510.00 tok/s"
+    assert fact(report, "Minimum user throughput") == "15.50 tok/s"
+    assert fact(report, "TTFT p99") == "328.0 ms"
+
+
+def test_figures_given_in_the_summary_win_over_derived_ones() -> None:
+    report = render_report({**SUMMARY, "median_aggregate_tok_s": 999.0}, ROWS, DETAILS)
+    assert fact(report, "Median aggregate output throughput") == "999.00 tok/s"
+
+
+def test_missing_facts_print_unavailable() -> None:
+    report = render_report({"best_users": None}, ROWS[-1:], DETAILS[-1:])
+    for label in ("Model", "GPU", "KV cache", "Workload hash", "Engine-minutes",
+                  "Minimum user throughput", "TTFT p99", "Best valid concurrency"):  # fmt: skip
+        assert fact(report, label) == "unavailable", label
+    assert fact(report, "vLLM / image / CUDA / driver") == " / ".join(["unavailable"] * 4)
+    assert "no valid optimum" in report
+
+
+def test_window_table_lists_every_window_with_invalid_reasons() -> None:
+    report = render_report(SUMMARY, ROWS, DETAILS)
+    table = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(table) == len(ROWS)
+    assert table[-1].endswith("| no: audit 2.3% > 1% |")
+    assert "| bracket | 56 |" in table[-1]
+
+
+def test_plots_are_written(tmp_path: Path) -> None:
+    paths = plot_report(ROWS, DETAILS, 15.0, tmp_path / "plots")
+    assert [path.name for path in paths] == [
+        "aggregate_tok_s_vs_users.png",
+        "user_tok_s_vs_users.png",
+        "ttft_p99_by_bucket_vs_users.png",
+    ]
+    for path in paths:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bucket_plot_is_skipped_without_bucket_latencies(tmp_path: Path) -> None:
+    bare = [dataclasses.replace(detail, buckets=[]) for detail in DETAILS]
+    paths = plot_report(ROWS, bare, None, tmp_path)
+    assert len(paths) == 2
+
+
+def test_compare_never_mixes_families_in_one_table() -> None:
+    """seed 004 §10: BF16, FP8 and NVFP4 results never share one leaderboard."""
+    rows = [
+        {"family": "bf16/bf16-kv", "config_id": "bf16-a", "run_id": "r1", "status": "FINISHED",
+         "best_users": 16, "best_aggregate_tok_s": 644.5, "best_min_user_tok_s": 15.3},
+        {"family": "nvfp4/nvfp4-kv", "config_id": "nvfp4-a", "run_id": "r2", "status": "FINISHED",
+         "best_users": 16, "best_aggregate_tok_s": 1327.8, "best_min_user_tok_s": 82.9},
+        {"family": "nvfp4/nvfp4-kv", "config_id": "nvfp4-b", "run_id": "r3", "status": "FAILED",
+         "best_users": None, "best_aggregate_tok_s": None, "best_min_user_tok_s": None},
+    ]  # fmt: skip
+    text = render_compare(rows)
+    tables = text.split("family: ")[1:]
+    assert len(tables) == 2
+    bf16, nvfp4 = tables
+    assert "bf16-a" in bf16 and "nvfp4" not in bf16
+    assert "nvfp4-a" in nvfp4 and "nvfp4-b" in nvfp4 and "bf16-a" not in nvfp4
+    assert "n/a" in nvfp4 and "644.50" in bf16

@@ -1,0 +1,179 @@
+"""The results folder and the console line (seed 004 section 8)."""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from runner.errors import TrackingError
+from runner.records import BucketStats, WindowDetail, WindowResult, WindowRow
+from runner.results import (
+    ResultsWriter,
+    console_line,
+    print_window,
+    read_results,
+    read_rows,
+)
+
+SEED_FIELDS = [
+    "timestamp_utc", "run_id", "config_id", "window_s", "users",
+    "aggregate_output_tok_s", "server_output_tok_s", "mean_user_tok_s",
+    "min_user_tok_s", "p05_user_tok_s", "ttft_p50_ms", "ttft_p95_ms", "ttft_p99_ms",
+    "request_latency_p50_ms", "request_latency_p95_ms", "request_latency_p99_ms",
+    "request_errors", "preemptions", "peak_kv_cache_pct", "gpu_util_avg_pct",
+    "power_avg_w", "valid",
+]  # fmt: skip
+
+
+def make_row(users: int = 28, **changes: object) -> WindowRow:
+    row = WindowRow(
+        timestamp_utc="2026-07-10T12:00:00Z",
+        run_id="run-a",
+        config_id="cfg-a",
+        window_s=300.0,
+        users=users,
+        aggregate_output_tok_s=512.25,
+        server_output_tok_s=514.0,
+        mean_user_tok_s=18.29,
+        min_user_tok_s=16.5,
+        p05_user_tok_s=16.9,
+        ttft_p50_ms=120.0,
+        ttft_p95_ms=900.0,
+        ttft_p99_ms=1234.56,
+        request_latency_p50_ms=20000.0,
+        request_latency_p95_ms=28000.0,
+        request_latency_p99_ms=31000.04,
+        request_errors=0,
+        preemptions=None,
+        peak_kv_cache_pct=71.5,
+        gpu_util_avg_pct=None,
+        power_avg_w=None,
+        valid=True,
+    )
+    return dataclasses.replace(row, **changes)
+
+
+def make_detail(reasons: list[str] | None = None) -> WindowDetail:
+    bucket = BucketStats(1000, 4, 10, 70.0, 16.5, 100.0, 300.0, 20000.0, 30000.0)
+    return WindowDetail(
+        phase="bracket",
+        user_tok_s=[16.5, 20.0],
+        user_bucket=[0, 0],
+        buckets=[bucket],
+        client_tokens=153675,
+        server_tokens=154200,
+        audit_delta_pct=0.34,
+        requests_dispatched=300,
+        requests_completed=300,
+        invalid_reasons=reasons or [],
+    )
+
+
+def test_row_fields_are_exactly_the_seed_fields_in_order(tmp_path: Path) -> None:
+    """seed 004 §8: the JSONL row holds the listed fields, in that order, nothing else."""
+    ResultsWriter(tmp_path).append(WindowResult(make_row(), make_detail()))
+    line = (tmp_path / "results.jsonl").read_text().splitlines()[0]
+    assert list(json.loads(line)) == SEED_FIELDS
+    with (tmp_path / "results.csv").open(newline="") as handle:
+        header, values = list(csv.reader(handle))
+    assert header == SEED_FIELDS
+    assert values[SEED_FIELDS.index("preemptions")] == ""
+    assert values[SEED_FIELDS.index("valid")] == "true"
+
+
+def test_appends_never_truncate_and_header_is_written_once(tmp_path: Path) -> None:
+    """A resumed run opens a new writer on the same folder and adds after what is there."""
+    ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
+    ResultsWriter(tmp_path).append(WindowResult(make_row(14), make_detail()))
+    assert [row.users for row in read_rows(tmp_path)] == [7, 14]
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(csv_lines) == 3 and csv_lines[0].startswith("timestamp_utc,")
+    details = read_results(tmp_path)
+    assert [result.row.users for result in details] == [7, 14]
+    assert details[0].detail == make_detail()
+
+
+def test_rows_round_trip_with_unavailable_figures(tmp_path: Path) -> None:
+    row = make_row(ttft_p99_ms=None, server_output_tok_s=None, valid=False)
+    ResultsWriter(tmp_path).append(WindowResult(row, make_detail(["no first token"])))
+    assert read_rows(tmp_path) == [row]
+
+
+def test_a_second_process_reads_each_window_right_after_append(tmp_path: Path) -> None:
+    """Each append is flushed and synced: another process sees it while the writer lives."""
+    writer = ResultsWriter(tmp_path)
+    writer.append(WindowResult(make_row(7), make_detail()))
+    code = (
+        "import sys; from pathlib import Path; from runner.results import read_rows; "
+        "print([r.users for r in read_rows(Path(sys.argv[1]))])"
+    )
+    seen = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert seen.stdout.strip() == "[7]"
+
+
+def test_torn_last_line_is_ignored_and_cut_before_the_next_append(tmp_path: Path) -> None:
+    """A run killed mid-write leaves half a line; resume must neither fail nor fuse it."""
+    ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
+    with (tmp_path / "results.jsonl").open("a") as handle:
+        handle.write('{"timestamp_utc": "2026-07-10T12:05')
+    assert [row.users for row in read_rows(tmp_path)] == [7]
+    ResultsWriter(tmp_path).append(WindowResult(make_row(14), make_detail()))
+    assert [row.users for row in read_rows(tmp_path)] == [7, 14]
+
+
+def test_a_damaged_middle_line_is_an_error(tmp_path: Path) -> None:
+    ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
+    text = (tmp_path / "results.jsonl").read_text()
+    (tmp_path / "results.jsonl").write_text("{broken\n" + text)
+    with pytest.raises(TrackingError, match="Line 1"):
+        read_rows(tmp_path)
+
+
+def test_csv_from_another_layout_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "results.csv").write_text("users,tok_s\n7,100\n")
+    with pytest.raises(TrackingError, match="columns"):
+        ResultsWriter(tmp_path)
+
+
+def test_console_line_pass_has_the_seed_format() -> None:
+    """seed 004 §8: users=N window=300s aggregate, slowest user, p99s, then PASS."""
+    assert console_line(make_row(), make_detail(), floor=15.0) == (
+        "users=28 window=300s aggregate_output_tok_s=512.25 min_user_tok_s=16.50 "
+        "ttft_p99_ms=1234.6 request_latency_p99_ms=31000.0 PASS"
+    )
+
+
+def test_console_line_fails_below_the_floor() -> None:
+    line = console_line(make_row(min_user_tok_s=14.2), make_detail(), floor=15.0)
+    assert line.endswith("FAIL (min_user_tok_s 14.20 < 15)")
+
+
+def test_console_line_fail_from_invalidity_gives_the_reasons() -> None:
+    row = make_row(valid=False)
+    line = console_line(row, make_detail(["audit 2.3% > 1%"]), floor=15.0)
+    assert line.endswith("FAIL (invalid: audit 2.3% > 1%)")
+    assert console_line(row).endswith("FAIL (invalid)")
+
+
+def test_console_line_prints_unavailable_figures_as_na() -> None:
+    line = console_line(make_row(ttft_p99_ms=None, request_latency_p99_ms=None))
+    assert "ttft_p99_ms=n/a request_latency_p99_ms=n/a PASS" in line
+
+
+def test_print_window_writes_the_line() -> None:
+    console = Console(record=True, width=300, color_system=None)
+    print_window(console, make_row(min_user_tok_s=1.0), make_detail(), floor=15.0)
+    assert console.export_text().strip() == console_line(make_row(min_user_tok_s=1.0), floor=15.0)

@@ -1,0 +1,223 @@
+"""Window statistics from plain values (seed 004 §7 counting rules, §8 row)."""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+import pytest
+
+from runner.metrics import EngineMetrics
+from runner.records import TelemetrySummary
+from runner.window import MetricsSample, RequestRecord, WindowMeasurement, summarize_window
+
+T0, T1 = 100.0, 110.0  # a 10 s window on the client's monotonic clock
+
+
+def metrics(
+    generated: float | None, preempted: float | None = 0.0, kv: float | None = None
+) -> EngineMetrics:
+    return EngineMetrics(
+        generation_tokens_total=generated,
+        prompt_tokens_total=None,
+        requests_running=0.0,
+        requests_waiting=0.0,
+        kv_cache_usage=kv,
+        preemptions_total=preempted,
+    )
+
+
+def record(
+    user: int,
+    dispatched: float,
+    chunks: list[tuple[float, int]],
+    *,
+    finished: float | None = None,
+    bucket: int = 1000,
+    error: str | None = None,
+) -> RequestRecord:
+    return RequestRecord(
+        user=user,
+        bucket_total=bucket,
+        prompt_id=f"p{user}-{dispatched}",
+        dispatched_at=dispatched,
+        first_token_at=chunks[0][0] if chunks else None,
+        finished_at=finished if finished is not None else (chunks[-1][0] if chunks else dispatched),
+        chunk_times=array("d", [t for t, _ in chunks]),
+        chunk_tokens=array("I", [n for _, n in chunks]),
+        error=error,
+    )
+
+
+def measure(
+    records: list[RequestRecord],
+    users: int,
+    *,
+    server_tokens: float | None,
+    buckets: list[int] | None = None,
+    samples: list[MetricsSample] | None = None,
+    telemetry: TelemetrySummary | None = None,
+    fault: str | None = None,
+    preemptions: tuple[float | None, float | None] = (2.0, 5.0),
+):
+    start = metrics(1000.0, preemptions[0])
+    end = metrics(1000.0 + server_tokens, preemptions[1]) if server_tokens is not None else None
+    measurement = WindowMeasurement(
+        timestamp_utc="2026-01-01T00:00:00+00:00",
+        users=users,
+        user_buckets=buckets or [1000] * users,
+        window_s=10.0,
+        t0=T0,
+        t1=T1,
+        records=records,
+        start=start,
+        end=end,
+        samples=samples or [],
+        telemetry=telemetry,
+        engine_fault=fault,
+    )
+    return summarize_window(
+        measurement, run_id="r", config_id="c", phase="coarse", audit_tolerance_pct=1.0
+    )
+
+
+def test_only_tokens_arriving_inside_the_window_count() -> None:
+    """seed 004 §7: warm-up tokens and post-boundary tokens never count."""
+    records = [
+        # started in warm-up: 5 tokens before t0, 10 inside
+        record(0, 95.0, [(96.0, 5), (101.0, 4), (105.0, 6)]),
+        # dispatched inside, runs past t1: 8 inside, 50 after the boundary
+        record(0, 105.5, [(106.0, 3), (109.9, 5), (110.5, 50)], finished=112.0),
+        # user 1: a chunk carrying several token IDs counts them all
+        record(1, 100.5, [(101.0, 1), (102.0, 7)]),
+    ]
+    result = measure(records, 2, server_tokens=26)
+    row, detail = result.row, result.detail
+    assert detail.client_tokens == 10 + 8 + 8
+    assert detail.user_tok_s == [pytest.approx(1.8), pytest.approx(0.8)]
+    assert row.aggregate_output_tok_s == pytest.approx(2.6)
+    assert row.mean_user_tok_s == pytest.approx(1.3)
+    assert row.min_user_tok_s == pytest.approx(0.8)
+    assert row.server_output_tok_s == pytest.approx(2.6)
+    assert detail.audit_delta_pct == 0.0
+    assert row.valid
+    assert row.preemptions == 3
+
+
+def test_chunks_exactly_on_the_boundaries_count() -> None:
+    result = measure([record(0, 99.0, [(T0, 2), (T1, 3), (T1 + 1e-9, 100)])], 1, server_tokens=5)
+    assert result.detail.client_tokens == 5
+
+
+def test_latency_covers_requests_dispatched_in_the_window_only() -> None:
+    """seed 004 §7: percentiles over requests dispatched in the window, followed to the end."""
+    records = [
+        record(0, 90.0, [(99.0, 1), (101.0, 1)]),  # warm-up request: no latency sample
+        record(0, 101.0, [(101.5, 1), (102.0, 1)]),  # ttft 0.5, latency 1.0
+        record(1, 102.0, [(104.0, 1), (109.0, 1)]),  # ttft 2.0, latency 7.0
+        record(1, 109.0, [(109.5, 1), (115.0, 1)], finished=115.0),  # ttft 0.5, latency 6.0
+    ]
+    row = measure(records, 2, server_tokens=6).row
+    ttft, latency = [0.5, 2.0, 0.5], [1.0, 7.0, 6.0]
+    assert row.ttft_p50_ms == pytest.approx(np.percentile(ttft, 50) * 1000)
+    assert row.ttft_p95_ms == pytest.approx(np.percentile(ttft, 95) * 1000)
+    assert row.ttft_p99_ms == pytest.approx(np.percentile(ttft, 99) * 1000)
+    assert row.request_latency_p50_ms == pytest.approx(6000.0)
+    assert row.request_latency_p99_ms == pytest.approx(np.percentile(latency, 99) * 1000)
+
+
+def test_error_before_first_token_is_counted_and_invalidates() -> None:
+    """seed 004 §7: a request failing before its first token is an error, not omitted."""
+    records = [
+        record(0, 101.0, [(101.5, 4), (102.0, 4)]),
+        record(1, 101.0, [], finished=131.0, error="HTTP 500: boom"),
+    ]
+    result = measure(records, 2, server_tokens=8)
+    assert result.row.request_errors == 1
+    assert not result.row.valid
+    assert any("HTTP 500" in reason for reason in result.detail.invalid_reasons)
+    # Its time to failure (30 s) is in the latency sample, not dropped.
+    assert result.row.request_latency_p99_ms > 20_000
+    assert result.row.ttft_p99_ms > 20_000
+    assert result.detail.requests_dispatched == 2
+    assert result.detail.requests_completed == 1
+
+
+def test_audit_outside_tolerance_invalidates() -> None:
+    """seed 004 §7: client and server differing by more than 1% invalidates the window."""
+    records = [record(0, 99.0, [(101.0, 100)])]
+    assert measure(records, 1, server_tokens=100.5).row.valid
+    bad = measure(records, 1, server_tokens=102)
+    assert not bad.row.valid
+    assert bad.detail.audit_delta_pct == pytest.approx(2 / 102 * 100)
+    assert any("differ" in reason for reason in bad.detail.invalid_reasons)
+
+
+def test_engine_fault_invalidates() -> None:
+    result = measure([record(0, 99.0, [(101.0, 10)])], 1, server_tokens=10, fault="exit 137")
+    assert not result.row.valid
+    assert any("exit 137" in reason for reason in result.detail.invalid_reasons)
+
+
+def test_p05_and_min_over_users() -> None:
+    tokens = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 5]
+    records = [record(user, 99.0, [(105.0, n)]) for user, n in enumerate(tokens)]
+    row = measure(records, len(tokens), server_tokens=sum(tokens)).row
+    rates = [n / 10.0 for n in tokens]
+    assert row.min_user_tok_s == pytest.approx(0.5)
+    assert row.p05_user_tok_s == pytest.approx(np.percentile(rates, 5))
+    assert row.min_user_tok_s < row.p05_user_tok_s < row.mean_user_tok_s
+
+
+def test_a_user_without_tokens_is_a_zero_not_missing() -> None:
+    result = measure([record(0, 99.0, [(105.0, 10)])], 2, server_tokens=10)
+    assert result.detail.user_tok_s == [1.0, 0.0]
+    assert result.row.min_user_tok_s == 0.0
+
+
+def test_unmeasured_figures_are_none() -> None:
+    """No end counter, no KV samples, no telemetry, no request in the window: None, not 0."""
+    result = measure(
+        [record(0, 90.0, [(101.0, 3)], finished=101.0)],
+        1,
+        server_tokens=None,
+        preemptions=(None, None),
+    )
+    row = result.row
+    assert row.server_output_tok_s is None
+    assert result.detail.audit_delta_pct is None
+    assert not row.valid  # no audit, no valid window
+    assert row.preemptions is None
+    assert row.peak_kv_cache_pct is None
+    assert row.gpu_util_avg_pct is None and row.power_avg_w is None
+    assert row.ttft_p50_ms is None and row.request_latency_p99_ms is None
+
+
+def test_peak_kv_and_telemetry() -> None:
+    samples = [
+        MetricsSample(at=100.0 + i, metrics=metrics(0.0, kv=kv))
+        for i, kv in enumerate([0.1, 0.42, 0.3])
+    ]
+    telemetry = TelemetrySummary(available=True, gpu_util_avg_pct=87.5, power_avg_w=410.0)
+    row = measure(
+        [record(0, 99.0, [(101.0, 1)])], 1, server_tokens=1, samples=samples, telemetry=telemetry
+    ).row
+    assert row.peak_kv_cache_pct == pytest.approx(42.0)
+    assert row.gpu_util_avg_pct == 87.5
+    assert row.power_avg_w == 410.0
+
+
+def test_per_bucket_figures_keep_long_context_starvation_visible() -> None:
+    """seed 004 §8: per-bucket throughput and latency beside the row."""
+    records = [
+        record(0, 101.0, [(101.2, 100)], bucket=1000),
+        record(1, 101.0, [(108.0, 5)], bucket=30000),
+    ]
+    result = measure(records, 2, server_tokens=105, buckets=[1000, 30000])
+    short, long = result.detail.buckets
+    assert (short.total_tokens, long.total_tokens) == (1000, 30000)
+    assert short.output_tok_s == pytest.approx(10.0)
+    assert long.min_user_tok_s == pytest.approx(0.5)
+    assert long.ttft_p99_ms == pytest.approx(7000.0)
+    assert short.requests == long.requests == 1
+    assert result.detail.user_bucket == [1000, 30000]
