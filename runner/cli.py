@@ -7,19 +7,23 @@ paragraph on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import os
 import signal
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
 from runner.config import build_config
-from runner.errors import RunnerError
+from runner.errors import ConfigError, RunnerError
 
 log = logging.getLogger("runner")
 
@@ -39,10 +43,55 @@ def config_dir() -> str:
 
 
 def to_plain(cfg: DictConfig) -> dict[str, Any]:
-    plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    try:
+        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(
+            f"The composed config cannot be resolved: {exc}. Check the ${{...}} "
+            "interpolations and the keys marked ??? in your overrides and option files."
+        ) from exc
     assert isinstance(plain, dict)
     plain.pop("hydra", None)
     return plain
+
+
+# Slot locks this process holds, kept open for its lifetime: the lock is what tells
+# a parallel job on the same host that the slot is taken.
+_held_slots: dict[int, tuple[int, Any]] = {}
+
+
+def host_slot(count: int, base: int = 0) -> int:
+    """``${runner.slot:COUNT[,BASE]}``: BASE plus a slot in [0, COUNT) that no other
+    runner process on this host holds.
+
+    Parallel jobs of a multirun (joblib launcher) need distinct GPUs and engine ports.
+    ``hydra.job.num`` cannot provide them: a worker that finishes early takes the next
+    job while its neighbours still run, so ``job.num % COUNT`` can collide. A slot is
+    an flock'ed file held until the process exits; a worker that runs several jobs in
+    turn keeps the same slot for all of them.
+    """
+    count, base = int(count), int(base)
+    if count in _held_slots:
+        return base + _held_slots[count][0]
+    folder = Path(tempfile.gettempdir()) / f"runner-slots-{os.getuid()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    for slot in range(count):
+        handle = open(folder / f"{count}-{slot}.lock", "w")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        _held_slots[count] = (slot, handle)
+        return base + slot
+    raise RunnerError(
+        f"All {count} slots of ${{runner.slot:{count}}} are held by other runner processes "
+        "on this host, so this job would share a GPU or port with one of them. Run at most "
+        f"{count} jobs at once (hydra.launcher.n_jobs={count}) or raise the slot count."
+    )
+
+
+OmegaConf.register_new_resolver("runner.slot", host_slot, replace=True)
 
 
 def _terminate(signum: int, frame: Any) -> None:
@@ -66,11 +115,22 @@ def app(cfg: DictConfig) -> Any:
         summary = execute(config, console)
     except RunnerError as exc:
         err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
+        if _in_multirun():
+            # Hydra marks the job failed, runs the remaining jobs of the sweep (one
+            # setup that cannot start must not cancel the others) and exits non-zero.
+            raise
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err.print("[bold red]runner:[/] interrupted; the engine was stopped and rows written so far are kept.")
         sys.exit(130)
     return summary.get("median_aggregate_tok_s")
+
+
+def _in_multirun() -> bool:
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def main() -> None:

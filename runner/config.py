@@ -157,6 +157,7 @@ class Search(Strict):
     confirm_repeats: int = Field(default=3, ge=0)
     coarse_margin_tok_s: float = Field(default=0.5, ge=0)
     negligible_gain_pct: float = Field(default=2.0, ge=0)
+    neighbourhood: int = Field(default=2, ge=0)
     metrics_interval_s: float = Field(default=1.0, gt=0)
 
 
@@ -178,6 +179,14 @@ class Backend(Strict):
     hf_cache: str | None = None
     on_engine_fault: Literal["stop", "relaunch"] = "stop"
     python: str | None = None
+
+
+class Smoke(Strict):
+    """Checks that run before any measured window (seed 004 §5; seed 003 as an option)."""
+
+    enabled: bool = True
+    seed003: bool = False
+    memory_repeats: int = Field(default=8, ge=2)
 
 
 class Tracking(Strict):
@@ -205,6 +214,7 @@ class RunConfig(Strict):
     search: Search
     slo: SLO = SLO()
     backend: Backend
+    smoke: Smoke = Smoke()
     tracking: Tracking = Tracking()
     results: Results
     run_id: str | None = None

@@ -7,6 +7,7 @@
     |   +-- EngineStartError    it never became ready
     |   +-- EngineFlagError     a flag the pinned image does not accept
     |   +-- PrecisionMismatch   it runs another precision than the one asked for
+    |   +-- SmokeError          it failed a check run before any measured window
     +-- WorkloadError           prompts could not be built to the exact token counts
     +-- MeasurementError        a window could not be measured (metrics unreadable, ...)
     +-- TrackingError           results could not be recorded
@@ -48,6 +49,10 @@ class EngineFlagError(EngineError):
 
 class PrecisionMismatch(EngineError):
     """The engine runs another KV dtype or quantization than the config asks for."""
+
+
+class SmokeError(EngineError):
+    """The engine failed a smoke check, so no window is measured (seed 004 §5)."""
 
 
 class WorkloadError(RunnerError):

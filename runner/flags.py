@@ -140,6 +140,7 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
     as unchecked when it is absent).
     """
     import docker.errors
+    import requests
 
     from runner.engines.docker import connect, find_image
 
@@ -172,7 +173,7 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
             f"Could not run `{image_ref} --help=all` to read the engine's flags ({exc}). "
             "Check that dockerd is running and the image starts."
         ) from exc
-    except Exception as exc:  # requests' ReadTimeout when --help=all hangs
+    except requests.exceptions.RequestException as exc:  # wait() timed out
         raise PreflightError(
             f"`{image_ref} --help=all` did not finish within {HELP_TIMEOUT_S:.0f} s ({exc})."
         ) from exc

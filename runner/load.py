@@ -131,20 +131,21 @@ class LoadGenerator:
     def _body(self, prompt: Prompt) -> bytes:
         body = self._bodies.get(prompt.id)
         if body is None:
-            body = json.dumps(
-                {
-                    "model": self._served_name,
-                    "prompt": prompt.token_ids,
-                    "max_tokens": prompt.max_tokens,
-                    "min_tokens": prompt.max_tokens,
-                    "ignore_eos": self._ignore_eos,
-                    "temperature": self._temperature,
-                    "stream": True,
-                    "stream_options": {"include_usage": True},
-                    "return_token_ids": True,
-                },
-                separators=(",", ":"),
-            ).encode()
+            request = {
+                "model": self._served_name,
+                "prompt": prompt.token_ids,
+                # Always explicit: without it vLLM silently stops at 16 tokens (seed 004 §12).
+                "max_tokens": prompt.max_tokens,
+                "ignore_eos": self._ignore_eos,
+                "temperature": self._temperature,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "return_token_ids": True,
+            }
+            if self._ignore_eos:
+                # Forced length; natural-EOS workloads let the model stop on its own.
+                request["min_tokens"] = prompt.max_tokens
+            body = json.dumps(request, separators=(",", ":")).encode()
             self._bodies[prompt.id] = body
         return body
 
@@ -197,9 +198,9 @@ class LoadGenerator:
                 lines = (pending + data).split(b"\n")
                 pending = lines.pop()
                 for line in lines:
-                    if not line.startswith(b"data: "):
+                    if not line.startswith(b"data:"):
                         continue
-                    payload = line[6:]
+                    payload = line[5:].strip()
                     if payload == b"[DONE]":
                         done = True
                         continue

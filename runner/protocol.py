@@ -152,11 +152,14 @@ async def _collect(
             telemetry.start()
         sampler = Sampler(metrics, search.metrics_interval_s, engine.fault)
         sampler_task = asyncio.create_task(sampler.run(until=start.at + window_s))
-        await _sleep_until(start.at + window_s, sampler.fault_seen)
-        load.stop_dispatch()
-        end = await _end_read(metrics, engine)
+        try:
+            await _sleep_until(start.at + window_s, sampler.fault_seen)
+            load.stop_dispatch()
+            end = await _end_read(metrics, engine)
+        finally:
+            # Stopped even when the window fails, so no telemetry thread outlives it.
+            telemetry_summary = telemetry.stop() if telemetry is not None else None
         ended_at = end.at if end is not None else time.monotonic()
-        telemetry_summary = telemetry.stop() if telemetry is not None else None
         sampler_task.cancel()
         (sampler_outcome,) = await asyncio.gather(sampler_task, return_exceptions=True)
         if isinstance(sampler_outcome, Exception):

@@ -60,12 +60,15 @@ def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
     warnings = validate.validate(config)
     config_id = identity.config_id(config)
     run_id = config.run_id or identity.new_run_id(config)
+    results_dir = Path(config.results.dir).expanduser().resolve()
+    if config.run_id is not None:
+        results_dir = resume_folder(results_dir, run_id)
     context = RunContext(
         config=config,
         config_id=config_id,
         family=identity.family(config),
         run_id=run_id,
-        results_dir=Path(config.results.dir).expanduser().resolve(),
+        results_dir=results_dir,
     )
     context.manifest.update(
         run_id=run_id,
@@ -206,6 +209,36 @@ def observation(row: WindowRow, detail: WindowDetail) -> Observation:
     )
 
 
+def resume_folder(results_dir: Path, run_id: str) -> Path:
+    """Where a run resumed by its run_id keeps its rows.
+
+    The default results.dir is a new timestamped folder per start, so the rows of the
+    interrupted run are in a sibling folder: the newest sibling whose manifest names
+    this run_id and that holds rows is used. A folder that already holds this run's
+    rows (results.dir given explicitly) is kept as it is.
+    """
+    from runner.results import read_rows
+
+    if any(row.run_id == run_id for row in read_rows(results_dir)):
+        return results_dir
+    candidates = []
+    for manifest in results_dir.parent.glob("*/manifest.json"):
+        folder = manifest.parent
+        if folder == results_dir:
+            continue
+        try:
+            named = json.loads(manifest.read_text()).get("run_id")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if named == run_id and any(row.run_id == run_id for row in read_rows(folder)):
+            candidates.append(folder)
+    if not candidates:
+        return results_dir
+    folder = max(candidates, key=lambda path: path.stat().st_mtime)
+    log.info("run %s resumes in %s, where its windows are", run_id, folder)
+    return folder
+
+
 def prior_windows(results_dir: Path, run_id: str) -> list[WindowResult]:
     """Windows this run already measured (a resumed run skips them)."""
     from runner.results import read_results
@@ -285,6 +318,10 @@ def measure(
                 params=config_params(config),
             )
         )
+        for index, result in enumerate(done):
+            # A run killed between writing a row and logging it left MLflow one short;
+            # windows MLflow already holds are skipped, so nothing is logged twice.
+            tracker.log_window(result, index=index)
         try:
             engine = stack.enter_context(open_engine(context, plan))
             engine_started = time.monotonic()

@@ -1,8 +1,12 @@
 """Reads of vLLM's ``/metrics``: timed boundary reads, the 1 Hz sampler, idle waits.
 
-A read is timed on the client's monotonic clock as the midpoint of the HTTP GET:
-the server read its counters somewhere between sending and receiving, and the
-midpoint is the best estimate without a shared clock.
+A read is stamped on the client's monotonic clock when its answer arrives. Under
+load most of a read's time is spent queued in the server's busy event loop; the
+handler then reads the counter and answers at once, on the same loop that streams
+the users' tokens. So the counter matches the tokens the client has received by
+the time the answer arrives much better than the GET's midpoint does (measured on
+vLLM 0.32 CPU at 64 users with reads of up to 0.8 s: 0.0-0.6% audit gap at the
+arrival stamp against 0.1-1.6% at the midpoint).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ METRICS_PATH = "/metrics"
 
 
 async def read_metrics(client: httpx.AsyncClient) -> MetricsSample:
-    """One GET of ``/metrics``, parsed, stamped with its client-side midpoint."""
+    """One GET of ``/metrics``, parsed, stamped when its answer arrived."""
     sent = time.monotonic()
     try:
         response = await client.get(METRICS_PATH)
@@ -49,7 +53,7 @@ async def read_metrics(client: httpx.AsyncClient) -> MetricsSample:
             "or vllm:num_requests_running. runner measures vLLM servers only; check that the "
             "URL points at vLLM's OpenAI-compatible server."
         )
-    return MetricsSample(at=(sent + received) / 2, metrics=metrics, took_s=received - sent)
+    return MetricsSample(at=received, metrics=metrics, took_s=received - sent)
 
 
 class Sampler:

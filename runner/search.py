@@ -87,7 +87,7 @@ class SearchParams:
         return self.floor_tok_s + self.coarse_margin_tok_s
 
     @classmethod
-    def from_config(cls, search: Search, slo: SLO, neighbourhood: int = 2) -> SearchParams:
+    def from_config(cls, search: Search, slo: SLO) -> SearchParams:
         if search.kind == "fixed" and not search.users:
             raise ConfigError(
                 "search.kind is 'fixed' but search.users is empty, so there is nothing to "
@@ -103,7 +103,7 @@ class SearchParams:
             coarse_margin_tok_s=search.coarse_margin_tok_s,
             negligible_gain_pct=search.negligible_gain_pct,
             confirm_repeats=search.confirm_repeats,
-            neighbourhood=neighbourhood,
+            neighbourhood=search.neighbourhood,
             screening=search.screening_window_s is not None,
         )
 

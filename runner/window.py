@@ -60,8 +60,8 @@ class RequestRecord:
 
 @dataclass(frozen=True)
 class MetricsSample:
-    """One read of ``/metrics``: ``at`` is the GET's client-side midpoint, ``took_s``
-    its duration, which bounds how far the server's read can be from ``at``."""
+    """One read of ``/metrics``: ``at`` is when its answer arrived (see
+    :mod:`runner.sampler` for why), ``took_s`` the GET's duration."""
 
     at: float
     metrics: EngineMetrics
@@ -72,7 +72,7 @@ class MetricsSample:
 class WindowMeasurement:
     """Everything one window collected, before any statistics.
 
-    ``t0``/``t1`` are the client-side midpoints of the two boundary reads of
+    ``t0``/``t1`` are the arrival stamps of the two boundary reads of
     ``/metrics`` (``start``/``end``); ``end`` is None when it could not be read.
     """
 

@@ -29,7 +29,7 @@ from docker.types import DeviceRequest
 
 from runner.config import RunConfig
 from runner.engines.base import EngineFault, LaunchPlan
-from runner.errors import EngineStartError
+from runner.errors import EngineStartError, PreflightError
 
 log = logging.getLogger("runner")
 
@@ -68,8 +68,10 @@ def find_image(client: Any, image_ref: str) -> Any | None:
     except docker.errors.ImageNotFound:
         pass
     except docker.errors.APIError as exc:
-        if "invalid reference" in str(exc).lower():
-            raise
+        raise PreflightError(
+            f"Docker cannot look up the image {image_ref!r} ({exc}). Check image.repository, "
+            "image.tag and image.digest (sha256: and 64 hex digits)."
+        ) from exc
     repository, _, digest = image_ref.partition("@")
     if not digest:
         return None

@@ -139,6 +139,11 @@ class ProcessEngine:
     ) -> None:
         self.stop()
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs; its engine workers are its children."""
+        return self._process.pid if self._process is not None else None
+
     def fault(self) -> EngineFault | None:
         if self._process is None:
             return EngineFault("the engine was never started")

@@ -134,6 +134,19 @@ def test_gpu_request_on_a_host_without_gpu_runtime_fails_clearly_and_leaves_noth
 
 
 @docker_test
+def test_an_image_that_cannot_be_pulled_stops_the_start_and_leaves_nothing(client, docker_config, tmp_path):
+    """Seed 004 §2 pins the image by digest; a missing one is pulled, and a failed pull is clear."""
+    from runner.engines.docker import DockerEngine
+
+    run_id = new_run_id()
+    plan = LaunchPlan(image="local/runner-test-absent@sha256:" + "0" * 64, argv=[])
+    with pytest.raises(EngineStartError, match="pulling it failed"):
+        with DockerEngine(docker_config, plan, run_id=run_id, config_id="absent", log_dir=tmp_path):
+            pytest.fail("an absent image must not start")
+    assert run_containers(client, run_id) == []
+
+
+@docker_test
 def test_an_engine_that_exits_at_start_is_reported_with_its_log(client, engine_image, docker_config, tmp_path):
     """Seed 003 pitfall 1 as the engine itself reports it: 'unrecognized arguments'."""
     from runner.engines.docker import DockerEngine
@@ -196,4 +209,42 @@ def test_engine_serves_then_a_killed_container_is_a_fault_and_nothing_is_left(
             time.sleep(0.5)
         fault = engine.fault()
         assert fault is not None and fault.exit_code == 137 and not fault.oom_killed
+    assert run_containers(client, run_id) == []
+
+
+SIGTERM_SCRIPT = """
+import sys
+from pathlib import Path
+from runner.config import build_config
+from runner.engines.base import LaunchPlan
+from runner.engines.docker import DockerEngine
+from tests.conftest import compose
+
+config = build_config(compose(["backend=docker", "image=cpu_local"]))
+plan = LaunchPlan(image=sys.argv[1], argv=["--model", "/nowhere", "--port", "8000"])
+with DockerEngine(config, plan, run_id=sys.argv[2], config_id="term", log_dir=Path(sys.argv[3])):
+    pass
+"""
+
+
+@docker_test
+def test_sigterm_while_the_engine_starts_removes_its_container(client, engine_image, tmp_path):
+    """A scheduler's SIGTERM must not leave a container holding the GPUs behind."""
+    import signal
+    import subprocess
+
+    run_id = new_run_id()
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", SIGTERM_SCRIPT, engine_image, run_id, str(tmp_path)], cwd=repo
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not run_containers(client, run_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert run_containers(client, run_id), "the engine container never appeared"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        child.kill()
     assert run_containers(client, run_id) == []

@@ -39,7 +39,6 @@ def server_metrics(base_url: str):
     return parse_metrics(httpx.get(f"{base_url}/metrics", timeout=30).text)
 
 
-@pytest.mark.timeout(120)
 def test_one_window_measures_every_user_and_passes_the_audit(vllm_server) -> None:
     """seed 004 §7: exact window, per-user token IDs, server counter audit, idle afterwards."""
     config = short_window_config(vllm_server)
@@ -75,7 +74,6 @@ def test_one_window_measures_every_user_and_passes_the_audit(vllm_server) -> Non
     assert server_metrics(vllm_server.base_url).idle
 
 
-@pytest.mark.timeout(120)
 def test_requests_failing_before_their_first_token_are_errors(vllm_server) -> None:
     """seed 004 §7: a request that fails before its first token is counted, never dropped."""
     config = short_window_config(vllm_server)
