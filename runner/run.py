@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
 from rich.console import Console
 
@@ -25,6 +25,9 @@ from runner.engines.base import LaunchPlan, RunningEngine
 from runner.errors import ConfigError, EngineError, PreflightError
 from runner.records import Prompt, WindowDetail, WindowResult, WindowRow
 from runner.search import Observation, SearchParams, decide, next_step
+
+if TYPE_CHECKING:
+    from runner.modelref import ResolvedModel
 
 log = logging.getLogger("runner")
 
@@ -56,33 +59,65 @@ class RunContext:
 
 
 def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
-    """Validate and name the run; raises ConfigError before anything starts."""
+    """Validate, pin the model revision and name the run; raises ConfigError early."""
     warnings = validate.validate(config)
+    config, resolved = pin_model(config, warnings)
     config_id = identity.config_id(config)
     run_id = config.run_id or identity.new_run_id(config)
-    results_dir = Path(config.results.dir).expanduser().resolve()
-    if config.run_id is not None:
-        results_dir = resume_folder(results_dir, run_id)
     context = RunContext(
         config=config,
         config_id=config_id,
         family=identity.family(config),
         run_id=run_id,
-        results_dir=results_dir,
+        results_dir=Path(config.results.dir).expanduser().resolve(),
     )
     context.manifest.update(
         run_id=run_id,
         config_id=config_id,
         family=context.family,
-        pinned=config.image.pinned,
+        pinned=config.image.pinned and resolved.pinned,
         image=config.image.model_dump(),
         model=config.model.model_dump(),
+        model_revision={"requested": resolved.requested, "commit": resolved.commit, "source": resolved.source},
         kv=config.kv.model_dump(),
         engine=config.engine.model_dump(),
         hardware=config.hw.model_dump() if config.hw else "cpu (no GPU profile)",
         warnings=warnings,
     )
     return context, warnings
+
+
+def pin_model(config: RunConfig, warnings: list[str]) -> tuple[RunConfig, "ResolvedModel"]:
+    """Resolve the model revision to a commit before anything is downloaded (seed 004 §4).
+
+    The resolved commit replaces the requested branch in the config, so config_id
+    names the exact checkpoint. A measured run with an unresolved revision is refused
+    unless ``model.allow_unresolved_revision`` is set; such results are tagged unpinned.
+    """
+    from runner.modelref import ResolvedModel, resolve_revision
+    from runner.tinymodel import definition_hash
+
+    model = config.model
+    if model.generated:
+        return config, ResolvedModel(model.repo, None, None, f"generated locally (definition {definition_hash()})")
+    hf_cache = Path(config.backend.hf_cache).expanduser() if config.backend.hf_cache else None
+    resolved = resolve_revision(model, hf_cache, ask_hub=not config.dry_run)
+    if resolved.commit is None:
+        message = (
+            f"The revision {model.revision or 'main'!r} of {model.repo} could not be resolved to a "
+            f"commit ({resolved.source})."
+        )
+        if not (model.allow_unresolved_revision or config.dry_run):
+            raise ConfigError(
+                message + " A measured run must name the exact checkpoint (seed 004 §4): set "
+                "model.revision to the commit (the snapshot folder name in your Hugging Face "
+                "cache), make the Hub reachable, or set model.allow_unresolved_revision=true to "
+                "run anyway with results tagged unpinned."
+            )
+        warnings.append(message + " Results are tagged unpinned.")
+        return config, resolved
+    pinned_model = model.model_copy(update={"revision": resolved.commit})
+    return config.model_copy(update={"model": pinned_model}), resolved
 
 
 def model_location(context: RunContext) -> tuple[Path | None, str]:
@@ -270,6 +305,10 @@ def execute(config: RunConfig, console: Console | None = None) -> dict[str, Any]
         "docker_run": launch.docker_run_line(plan, config.backend) if config.backend.kind == "docker" else None,
     }
     context.manifest["host"] = {"platform": platform.platform(), "python": platform.python_version()}
+    if host_model_dir is not None and host_model_dir.is_dir():
+        from runner.modelref import fingerprint
+
+        context.manifest["model_files"] = fingerprint(host_model_dir)
     prompts, workload_sha = build_workload(context, host_model_dir)
     context.manifest["workload"] = {"sha256": workload_sha, "seed": config.workload.seed}
     context.write_manifest()

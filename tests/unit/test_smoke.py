@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from runner.config import build_config
 from runner.errors import EngineError, SmokeError
 from runner.smoke import (
     MEMORY_GROWTH_FLOOR_MIB,
@@ -16,7 +17,6 @@ from runner.smoke import (
     tally_stream,
 )
 from tests.conftest import compose
-from runner.config import build_config
 
 
 def sse(*events: dict | str) -> list[str]:
@@ -28,7 +28,9 @@ def sse(*events: dict | str) -> list[str]:
     return lines
 
 
-def chunk(token_ids: list[int], prompt_token_ids: list[int] | None = None, finish: str | None = None) -> dict:
+def chunk(
+    token_ids: list[int], prompt_token_ids: list[int] | None = None, finish: str | None = None
+) -> dict:
     return {
         "object": "text_completion",
         "choices": [
@@ -94,7 +96,9 @@ def test_memory_tolerance_has_a_floor_and_grows_with_the_engine() -> None:
 
 
 def check(name: str, passed: bool, detail: str = "ok", skipped: bool = False) -> SmokeCheck:
-    return SmokeCheck(name=name, suite="seed004", passed=passed, detail=detail, seconds=0.5, skipped=skipped)
+    return SmokeCheck(
+        name=name, suite="seed004", passed=passed, detail=detail, seconds=0.5, skipped=skipped
+    )
 
 
 def test_a_failed_check_raises_one_paragraph_naming_it() -> None:
@@ -119,7 +123,9 @@ def test_a_failed_check_raises_one_paragraph_naming_it() -> None:
 
 
 def test_a_passing_report_with_skipped_checks_does_not_raise() -> None:
-    report = SmokeReport(checks=[check("health", True), check("api_key", True, "skipped: no key", True)])
+    report = SmokeReport(
+        checks=[check("health", True), check("api_key", True, "skipped: no key", skipped=True)]
+    )
     report.raise_for_failure()
     assert report.passed
     assert report.as_dict()["checks"][1]["skipped"] is True
