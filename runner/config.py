@@ -9,7 +9,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from runner.errors import ConfigError
 
@@ -126,21 +133,38 @@ class Bucket(Strict):
 
 
 class Workload(Strict):
-    """What the simulated users send (``workload/``)."""
+    """What the simulated users send (``workload/``).
+
+    ``context_mix`` is seed 004's bucketed mix, measured by the concurrency search;
+    ``sharegpt`` is seed 000's fixed-concurrency benchmark over a local ShareGPT file
+    (``num_prompts``, ``max_seconds`` and ``concurrency`` belong to it alone).
+    """
 
     name: str
-    kind: Literal["context_mix"] = "context_mix"
-    buckets: list[Bucket]
+    kind: Literal["context_mix", "sharegpt"] = "context_mix"
+    buckets: list[Bucket] = Field(default_factory=list)
     max_tokens: int | None = Field(default=None, gt=0)
     ignore_eos: bool = True
     prompts_per_bucket: int = Field(default=64, ge=1)
     seed: int = 0
     temperature: float = 0.0
     request_timeout_s: float = Field(default=600.0, gt=0)
+    dataset_path: str | None = None
+    num_prompts: int | None = Field(default=None, ge=1)
+    max_seconds: float | None = Field(default=None, gt=0)
+    concurrency: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _kind_has_its_input(self) -> Workload:
+        if self.kind == "context_mix" and not self.buckets:
+            raise ValueError("a context_mix workload needs at least one bucket")
+        if self.kind == "sharegpt" and not self.dataset_path:
+            raise ValueError("a sharegpt workload needs dataset_path, a local ShareGPT JSON file")
+        return self
 
     @property
     def largest_total(self) -> int:
-        return max(bucket.total_tokens for bucket in self.buckets)
+        return max((bucket.total_tokens for bucket in self.buckets), default=0)
 
 
 class Search(Strict):

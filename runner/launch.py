@@ -146,7 +146,8 @@ def _gpus(config: RunConfig) -> str | None:
     if config.hw is None:
         return None
     if config.hw.device_ids:
-        return ",".join(str(device) for device in config.hw.device_ids)
+        # "device=" keeps "3" (one GPU, id 3) from reading as a count of three GPUs.
+        return "device=" + ",".join(str(device) for device in config.hw.device_ids)
     return str(config.hw.count)
 
 
@@ -202,7 +203,8 @@ def docker_run_line(plan: LaunchPlan, backend: Backend, *, name: str = "runner-e
         raise ValueError("docker_run_line needs a plan built for the docker backend")
     words = ["docker", "run", "--rm", "--name", name]
     if plan.gpus is not None:
-        words += ["--gpus", plan.gpus if plan.gpus.isdigit() else f'"device={plan.gpus}"']
+        # docker's CLI needs the quotes inside the value for a list of ids: '"device=0,1"'.
+        words += ["--gpus", plan.gpus if plan.gpus.isdigit() or plan.gpus == "all" else f'"{plan.gpus}"']
     if backend.ipc_host:
         words.append("--ipc=host")
     elif backend.shm_size:

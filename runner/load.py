@@ -59,6 +59,7 @@ class LoadGenerator:
         temperature: float,
         request_timeout_s: float,
         headers: dict[str, str] | None = None,
+        max_requests: int | None = None,
     ) -> None:
         if not prompts:
             raise ValueError("the workload has no prompts")
@@ -71,6 +72,9 @@ class LoadGenerator:
         self._ignore_eos = ignore_eos
         self._temperature = temperature
         self._request_timeout_s = request_timeout_s
+        # A fixed-size benchmark (seed 000's --num-prompts) ends once the users
+        # together have sent this many requests; None keeps them going until stopped.
+        self._max_requests = max_requests
         self._bodies: dict[str, bytes] = {}
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
@@ -103,6 +107,14 @@ class LoadGenerator:
             asyncio.create_task(self._user(i), name=f"user-{i}")
             for i in range(len(self.user_buckets))
         ]
+
+    async def wait_users(self, timeout_s: float | None) -> bool:
+        """Wait up to ``timeout_s`` (None: no limit) for every user to stop on its own,
+        which only ``max_requests`` makes them do; nothing is cancelled. True if they did."""
+        if not self._tasks:
+            return True
+        _, pending = await asyncio.wait(self._tasks, timeout=timeout_s)
+        return not pending
 
     def stop_dispatch(self) -> None:
         """No user sends another request; requests in flight continue."""
@@ -156,6 +168,8 @@ class LoadGenerator:
     async def _user(self, user: int) -> None:
         bucket_total = self.user_buckets[user]
         while not self._stopping.is_set():
+            if self._max_requests is not None and len(self.records) >= self._max_requests:
+                return
             prompt = self._next_prompt(bucket_total)
             record = RequestRecord(
                 user=user,

@@ -64,12 +64,15 @@ def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
     config, resolved = pin_model(config, warnings)
     config_id = identity.config_id(config)
     run_id = config.run_id or identity.new_run_id(config)
+    results_dir = Path(config.results.dir).expanduser().resolve()
+    if config.run_id is not None:
+        results_dir = resume_folder(results_dir, run_id)
     context = RunContext(
         config=config,
         config_id=config_id,
         family=identity.family(config),
         run_id=run_id,
-        results_dir=Path(config.results.dir).expanduser().resolve(),
+        results_dir=results_dir,
     )
     context.manifest.update(
         run_id=run_id,

@@ -8,6 +8,7 @@ per launch. Doubtful but runnable choices come back as warnings.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
@@ -49,7 +50,7 @@ def _lengths(config: RunConfig) -> Iterator[str]:
     engine, model, workload = config.engine, config.model, config.workload
     served_len = engine.max_model_len or model.max_context
     source = "engine.max_model_len" if engine.max_model_len else f"model {model.name}'s max_context"
-    if served_len < workload.largest_total:
+    if workload.kind == "context_mix" and served_len < workload.largest_total:
         yield (
             f"{source} is {served_len} tokens but workload {workload.name}'s largest bucket "
             f"needs {workload.largest_total}; raise it or choose a smaller workload"
@@ -66,6 +67,12 @@ def _lengths(config: RunConfig) -> Iterator[str]:
             f"workload {workload.name} has no max_tokens; vLLM would silently stop every "
             "answer at 16 tokens (seed 004 §12)"
         )
+    elif workload.kind == "sharegpt":
+        if workload.max_tokens >= served_len:
+            yield (
+                f"workload {workload.name}'s max_tokens={workload.max_tokens} leaves no room "
+                f"for a prompt in the {served_len}-token context ({source})"
+            )
     elif workload.max_tokens >= min(bucket.total_tokens for bucket in workload.buckets):
         smallest = min(bucket.total_tokens for bucket in workload.buckets)
         yield (
@@ -76,6 +83,10 @@ def _lengths(config: RunConfig) -> Iterator[str]:
 
 def _concurrency(config: RunConfig) -> Iterator[str]:
     search, engine = config.search, config.engine
+    if config.workload.kind == "sharegpt":
+        # The fixed-concurrency benchmark runs no search: its users are workload.concurrency.
+        yield from _benchmark_concurrency(config)
+        return
     if search.kind == "fixed":
         if not search.users:
             yield "search=fixed needs a non-empty search.users list"
@@ -94,6 +105,50 @@ def _concurrency(config: RunConfig) -> Iterator[str]:
             "would queue users instead of serving them (seed 004 §10); raise "
             "engine.max_num_seqs or lower the user count"
         )
+
+
+def _benchmark_concurrency(config: RunConfig) -> Iterator[str]:
+    workload, engine = config.workload, config.engine
+    if workload.concurrency is None:
+        yield (
+            f"workload {workload.name} (kind sharegpt) needs workload.concurrency, the number "
+            "of users that keep a request in flight (seed 000 runs 32)"
+        )
+    elif engine.max_num_seqs is not None and engine.max_num_seqs < workload.concurrency:
+        yield (
+            f"engine.max_num_seqs={engine.max_num_seqs} is below "
+            f"workload.concurrency={workload.concurrency}; the engine would queue users "
+            "instead of serving them (seed 000 serves 32 users with --max-num-seqs 32)"
+        )
+
+
+_BENCHMARK_ONLY = ("dataset_path", "num_prompts", "max_seconds", "concurrency")
+
+
+def _workload_kind(config: RunConfig, warnings: list[str]) -> Iterator[str]:
+    """Inputs each kind needs, and no field the other kind would silently ignore."""
+    workload = config.workload
+    if workload.kind == "context_mix":
+        for name in _BENCHMARK_ONLY:
+            if getattr(workload, name) is not None:
+                yield (
+                    f"workload.{name} is read only by the ShareGPT benchmark "
+                    f"(workload.kind=sharegpt); workload {workload.name} is a context mix, "
+                    "which would ignore it"
+                )
+        return
+    assert workload.dataset_path is not None  # the config model requires it
+    dataset = Path(workload.dataset_path).expanduser()
+    if not dataset.is_file():
+        message = (
+            f"workload.dataset_path={workload.dataset_path} is not a file on this host; "
+            "download the ShareGPT JSON (seed 000: ShareGPT_V3_unfiltered_cleaned_split.json) "
+            "and point dataset_path at it, nothing is fetched during a run"
+        )
+        if config.dry_run:
+            warnings.append(message)
+        else:
+            yield message
 
 
 def _provenance(config: RunConfig, warnings: list[str]) -> Iterator[str]:
@@ -186,6 +241,7 @@ def validate(config: RunConfig) -> list[str]:
     problems = [problem for rule in _RULES for problem in rule(config)]
     problems += list(_provenance(config, warnings))
     problems += list(_placement(config, warnings))
+    problems += list(_workload_kind(config, warnings))
     if config.engine.max_num_seqs is None:
         warnings.append("engine.max_num_seqs is unset: vLLM's default limits concurrency")
     if problems:

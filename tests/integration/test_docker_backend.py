@@ -7,6 +7,7 @@ are skipped only when no Docker engine answers.
 from __future__ import annotations
 
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -19,6 +20,8 @@ from runner.engines.base import LaunchPlan
 from runner.errors import EngineFlagError, EngineStartError
 from runner.flags import check_flags, image_present, local_supported_flags, supported_flags
 from runner.launch import build_launch_plan
+from runner.protocol import run_window
+from runner.workload import build_prompts, load_tokenizer
 from tests.conftest import compose
 
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
@@ -203,10 +206,21 @@ def test_engine_serves_then_a_killed_container_is_a_fault_and_nothing_is_left(
         assert reply.json()["usage"]["completion_tokens"] == 8
         assert "Application startup complete" in engine.log_tail(400)
 
-        engine.container.kill()
-        deadline = time.monotonic() + 30
-        while engine.fault() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
+        # Killed mid-window: the window ends invalid with the reason, never a figure.
+        config = docker_config.model_copy(
+            update={"search": docker_config.search.model_copy(update={"window_s": 30.0, "warmup_s": 2.0})}
+        )
+        tokenizer = load_tokenizer(tiny_model_dir)
+        prompts = build_prompts(tokenizer, config.workload)
+        killer = threading.Timer(6.0, engine.container.kill)
+        killer.start()
+        try:
+            result = run_window(engine, config, prompts, 4, config_id="tiny-cpu", run_id=run_id, phase="coarse")
+        finally:
+            killer.cancel()
+        assert result.row.valid is False
+        reasons = " ".join(result.detail.invalid_reasons)
+        assert "137" in reasons or "exited" in reasons, reasons
         fault = engine.fault()
         assert fault is not None and fault.exit_code == 137 and not fault.oom_killed
     assert run_containers(client, run_id) == []

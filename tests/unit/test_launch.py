@@ -206,7 +206,7 @@ def test_switches_are_said_both_ways() -> None:
 def test_device_ids_select_the_gpus() -> None:
     config = compose_config("+hw=h200x2", "hw.device_ids=[2,3]")
     plan = docker_plan(config, host="0.0.0.0")
-    assert plan.gpus == "2,3"
+    assert plan.gpus == "device=2,3"
     assert "--gpus '\"device=2,3\"'" in docker_run_line(plan, config.backend)
 
 

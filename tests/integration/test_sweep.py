@@ -1,0 +1,78 @@
+"""The engine-tuning loop as a Hydra multirun (seed 004 §10): a sweep file from
+sweeps/, one restarted engine and one search per job, compared from MLflow."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+REPO = Path(__file__).resolve().parents[2]
+BATCHED_TOKENS = [2048, 4096]
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[subprocess.CompletedProcess[str], Path, str]:
+    """`python -m runner -m` with the max_num_batched_tokens sweep file, two CPU-sized
+    values replacing its GPU grid: two jobs, each its own local vLLM, one after the other."""
+    work = tmp_path_factory.mktemp("sweep")
+    uri = f"sqlite:///{work}/mlflow.db"
+    done = subprocess.run(
+        [
+            sys.executable, "-m", "runner", "-m",
+            "--config-dir", str(REPO / "sweeps"), "--config-name", "max_num_batched_tokens",
+            f"engine.max_num_batched_tokens={','.join(map(str, BATCHED_TOKENS))}",
+            "search=fixed", "search.users=[4]", "search.window_s=5", "search.warmup_s=2",
+            f"hydra.sweep.dir={work}/multirun", f"tracking.uri={uri}",
+            f"tracking.artifact_root={work}/artifacts", f"cache_dir={cache_dir}",
+            "engine.port=8392",
+        ],
+        cwd=REPO,
+        env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    return done, work, uri
+
+
+def test_each_job_is_its_own_config_id_in_mlflow(sweep) -> None:
+    """Seed 004 §10: every changed server setup gets a new config_id and a restarted engine."""
+    done, work, uri = sweep
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    manifests = [json.loads((work / "multirun" / str(job) / "manifest.json").read_text()) for job in (0, 1)]
+    assert [m["engine"]["max_num_batched_tokens"] for m in manifests] == BATCHED_TOKENS
+    assert all("--max-num-batched-tokens" in m["launch"]["argv"] for m in manifests)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("runner")
+    parents = client.search_runs([experiment.experiment_id], "tags.`runner.kind` = 'search'")
+    assert len(parents) == 2
+    assert {run.data.tags["config_id"] for run in parents} == {m["config_id"] for m in manifests}
+    assert len({m["config_id"] for m in manifests}) == 2
+    assert {run.data.params["engine.max_num_batched_tokens"] for run in parents} == {"2048", "4096"}
+    assert all(run.info.status == "FINISHED" for run in parents)
+    # Each job started and stopped its own engine, so each has its own engine log.
+    assert all((work / "multirun" / str(job) / "engine.log").exists() for job in (0, 1))
+
+
+def test_compare_lists_both_configs_in_one_family_table(sweep) -> None:
+    done, work, uri = sweep
+    assert done.returncode == 0, done.stderr[-3000:]
+    manifests = [json.loads((work / "multirun" / str(job) / "manifest.json").read_text()) for job in (0, 1)]
+    shown = subprocess.run(
+        [sys.executable, "-m", "runner.compare", "--tracking-uri", uri],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.count("family: ") == 1
+    assert f"family: {manifests[0]['family']}" in shown.stdout
+    for manifest in manifests:
+        assert manifest["config_id"] in shown.stdout
+        assert manifest["run_id"] in shown.stdout
