@@ -190,6 +190,8 @@ class SLO(Strict):
 
     min_user_tok_s: float = Field(default=15.0, gt=0)
     audit_tolerance_pct: float = Field(default=1.0, gt=0)
+    # Above this event-loop lag p99 the client stamped and dispatched late: invalid.
+    client_max_loop_lag_ms: float = Field(default=50.0, gt=0)
 
 
 class Backend(Strict):

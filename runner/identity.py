@@ -14,7 +14,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from runner.config import Precision, RunConfig
+from runner.config import Precision, RunConfig, Workload
 
 # Engine fields that do not change what is served: a label, the port the
 # server listens on (which only decides how it is reached) and the *name* of
@@ -68,13 +68,30 @@ def family(config: RunConfig) -> str:
 
     The weights' precision, plus the KV precision whenever it is not what those
     weights imply ("auto", or 16-bit KV for 16-bit weights): ``bf16``,
-    ``fp8-fp8kv``, ``nvfp4a16``, ``nvfp4-w4a4-fp8kv``, ``nvfp4-w4a4-nvfp4kv``.
+    ``fp8-fp8kv``, ``nvfp4a16``, ``nvfp4-w4a4-fp8kv``, ``nvfp4-w4a4-nvfp4kv``;
+    then the workload's own mark (:func:`workload_family`), e.g. ``bf16-natural-eos``.
     """
     base = _WEIGHT_FAMILIES[config.model.weights]
     kv = config.kv.precision
-    if kv == "auto" or (kv == "bf16" and config.model.weights in _SIXTEEN_BIT):
-        return base
-    return f"{base}-{kv}kv"
+    if not (kv == "auto" or (kv == "bf16" and config.model.weights in _SIXTEEN_BIT)):
+        base = f"{base}-{kv}kv"
+    return base + workload_family(config.workload)
+
+
+def workload_family(workload: Workload) -> str:
+    """The family suffix of what the users send; empty for seed 004's forced-length mix.
+
+    Answers that stop at the model's own EOS are shorter than forced ones, so their
+    throughput is not comparable (seed 004 §12 keeps them apart as ``*-natural-eos``);
+    seed 000's ShareGPT benchmark reports other figures altogether (``-sharegpt``).
+    The workload stays out of ``config_id``, which names the served engine only.
+    """
+    marks = []
+    if workload.kind == "sharegpt":
+        marks.append("sharegpt")
+    if not workload.ignore_eos:
+        marks.append("natural-eos")
+    return "".join(f"-{mark}" for mark in marks)
 
 
 def new_run_id(config: RunConfig, now: datetime | None = None) -> str:

@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 
 import httpx
 
+from runner.clienthealth import ClientHealthProbe, judge
 from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.errors import EngineError, MeasurementError
@@ -152,13 +153,16 @@ async def _collect(
             telemetry.start()
         sampler = Sampler(metrics, search.metrics_interval_s, engine.fault)
         sampler_task = asyncio.create_task(sampler.run(until=start.at + window_s))
+        probe = ClientHealthProbe(engine.base_url, users)
         try:
+            await probe.start()
             await _sleep_until(start.at + window_s, sampler.fault_seen)
             load.stop_dispatch()
             end = await _end_read(metrics, engine)
         finally:
             # Stopped even when the window fails, so no telemetry thread outlives it.
             telemetry_summary = telemetry.stop() if telemetry is not None else None
+            client = judge(await probe.stop(), config.slo.client_max_loop_lag_ms)
         ended_at = end.at if end is not None else time.monotonic()
         sampler_task.cancel()
         (sampler_outcome,) = await asyncio.gather(sampler_task, return_exceptions=True)
@@ -183,7 +187,10 @@ async def _collect(
         samples=samples,
         telemetry=telemetry_summary,
         engine_fault=fault.reason if fault is not None else None,
+        start_read_s=start.took_s,
+        end_read_s=end.took_s if end is not None else 0.0,
         extra={
+            "client": client.as_dict(),
             "warmup_s": search.warmup_s,
             "requests_total": len(load.records),
             "cancelled_at_drain": cancelled,

@@ -130,6 +130,10 @@ def console_line(
         f"ttft_p99_ms={_figure(row.ttft_p99_ms, 1)}",
         f"request_latency_p99_ms={_figure(row.request_latency_p99_ms, 1)}",
     ]
+    if detail is not None and detail.extra.get("bursty"):
+        # Streams arrived in bursts: per-token latencies of this window mislead (seed 000).
+        # Before the verdict, which stays last for the colouring in print_window.
+        parts.append("BURSTY")
     if passes(row, floor):
         return " ".join([*parts, "PASS"])
     if not row.valid:

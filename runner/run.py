@@ -312,6 +312,10 @@ def execute(config: RunConfig, console: Console | None = None) -> dict[str, Any]
         from runner.modelref import fingerprint
 
         context.manifest["model_files"] = fingerprint(host_model_dir)
+    if config.workload.kind == "sharegpt":
+        from runner import fixedrun  # seed 000's fixed-concurrency benchmark, no search
+
+        return fixedrun.execute_fixed(context, plan, host_model_dir, console)
     prompts, workload_sha = build_workload(context, host_model_dir)
     context.manifest["workload"] = {"sha256": workload_sha, "seed": config.workload.seed}
     context.write_manifest()
@@ -338,6 +342,7 @@ def measure(
     context: RunContext, plan: LaunchPlan, prompts: list[Prompt], console: Console
 ) -> dict[str, Any]:
     from runner.protocol import run_window
+    from runner.smoke import run_smoke
     from runner.results import ResultsWriter, print_window
     from runner.tracking import Tracker, config_params
 
@@ -374,6 +379,11 @@ def measure(
             context.manifest["startup"] = facts
             context.write_manifest()
             tracker.log_startup_facts(facts)
+            smoke = run_smoke(engine, config, prompts, api_key, raise_on_failure=False)
+            context.manifest["smoke"] = smoke.as_dict()
+            context.write_manifest()
+            tracker.log_metrics(smoke.metrics())
+            smoke.raise_for_failure()  # one paragraph naming every failed check
             telemetry = gpu_telemetry(config)
             if done:
                 console.print(f"resuming run {context.run_id}: {len(done)} window(s) already measured")

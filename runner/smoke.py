@@ -19,8 +19,12 @@ enforced (401 without a key and with a wrong one, 200 with the right one).
 text and a normal finish reason. Every request states ``max_tokens``: vLLM's hidden
 default of 16 once made a whole result set invalid (seed 004 §12).
 
-Every check runs even after one fails, so the report names all problems at once;
-a failed check then stops the run before the search with :class:`SmokeError`.
+Every check runs even after another fails, so the report names all problems at
+once; only a failed /health or /v1/models leaves the rest unrun, since every request
+depends on them. A failed check stops the run before the search with
+:class:`SmokeError`. Engine memory is the host memory of the engine's process tree
+(process backend) or container (docker backend); where runner cannot see it
+(backend=external) the growth figure is ``None`` and the check says so.
 """
 
 from __future__ import annotations
@@ -83,6 +87,7 @@ class Skipped(Exception):
 
 
 CheckResult = tuple[str, dict[str, Any]]  # (what was seen, figures)
+CheckFunction = Callable[["_Probe", str | None], CheckResult]
 
 
 @dataclass(frozen=True)
@@ -158,7 +163,11 @@ class _Probe:
     """The requests the checks send, and what earlier checks learned about the engine."""
 
     def __init__(
-        self, engine: RunningEngine, config: RunConfig, prompts: Sequence[Prompt], client: httpx.Client
+        self,
+        engine: RunningEngine,
+        config: RunConfig,
+        prompts: Sequence[Prompt],
+        client: httpx.Client,
     ) -> None:
         self.engine = engine
         self.config = config
@@ -166,8 +175,8 @@ class _Probe:
         self.client = client
         self.served_max_model_len: int | None = None
 
-    def get(self, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
-        return self.client.get(path, headers=headers)
+    def get(self, path: str) -> httpx.Response:
+        return self.client.get(path)
 
     def post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = self.client.post(path, json=body)
@@ -186,7 +195,11 @@ class _Probe:
         return self.post("/v1/chat/completions", body)
 
     def completion_body(self, prompt: Prompt, *, stream: bool) -> dict[str, Any]:
-        """The measured requests' body (token IDs, forced length), as :mod:`runner.load` sends it."""
+        """The body :mod:`runner.load` sends: token IDs, forced output length.
+
+        The length is forced whatever ``workload.ignore_eos`` says: these checks are
+        about the longest request the workload can make.
+        """
         body: dict[str, Any] = {
             "model": self.config.model.served_name,
             "prompt": prompt.token_ids,
@@ -242,7 +255,9 @@ def run_smoke(
         suites.append((SEED003, SEED003_CHECKS))
     timeout = httpx.Timeout(config.workload.request_timeout_s, connect=30.0)
     checks: list[SmokeCheck] = []
-    with httpx.Client(base_url=engine.base_url, headers=auth_headers(api_key), timeout=timeout) as client:
+    with httpx.Client(
+        base_url=engine.base_url, headers=auth_headers(api_key), timeout=timeout
+    ) as client:
         probe = _Probe(engine, config, prompts, client)
         for suite, suite_checks in suites:
             for name, run_check in suite_checks:
@@ -251,7 +266,7 @@ def run_smoke(
                     detail = f"not run: the {blocker} check failed first"
                     checks.append(SmokeCheck(name, suite, False, detail, 0.0, skipped=True))
                     continue
-                checks.append(_timed(name, suite, lambda: run_check(probe, api_key)))
+                checks.append(_timed(name, suite, run_check, probe, api_key))
     report = SmokeReport(checks=checks)
     for check in checks:
         log.info(
@@ -266,19 +281,21 @@ def run_smoke(
     return report
 
 
-def _timed(name: str, suite: str, run_check: Callable[[], CheckResult]) -> SmokeCheck:
+def _timed(
+    name: str, suite: str, run_check: CheckFunction, probe: _Probe, api_key: str | None
+) -> SmokeCheck:
     started = time.monotonic()
     passed, skipped, figures = True, False, {}
     try:
-        detail, figures = run_check()
+        detail, figures = run_check(probe, api_key)
     except Skipped as exc:
         detail, skipped = f"skipped: {exc}", True
     except CheckFailed as exc:
         passed, detail, figures = False, exc.detail, exc.figures
     except httpx.HTTPError as exc:
         passed, detail = False, f"the request failed ({type(exc).__name__}: {exc})"
-    except ValueError as exc:  # a body that is not the JSON the API documents
-        passed, detail = False, f"the answer could not be read ({exc})"
+    except (ValueError, KeyError, IndexError, TypeError) as exc:  # not the JSON vLLM documents
+        passed, detail = False, f"the answer could not be read ({type(exc).__name__}: {exc})"
     return SmokeCheck(
         name=name,
         suite=suite,
@@ -288,7 +305,6 @@ def _timed(name: str, suite: str, run_check: Callable[[], CheckResult]) -> Smoke
         figures=figures,
         skipped=skipped,
     )
-
 
 
 @dataclass
@@ -415,7 +431,8 @@ def _wait_idle(probe: _Probe) -> EngineMetrics:
     if not metrics.idle:
         raise CheckFailed(
             f"the engine still reports {metrics.requests_running} running and "
-            f"{metrics.requests_waiting} waiting requests {IDLE_TIMEOUT_S:.0f} s after the last answer"
+            f"{metrics.requests_waiting} waiting requests {IDLE_TIMEOUT_S:.0f} s after the "
+            "last answer"
         )
     return metrics
 
@@ -430,7 +447,11 @@ def check_health(probe: _Probe, api_key: str | None) -> CheckResult:
 def check_models(probe: _Probe, api_key: str | None) -> CheckResult:
     response = probe.get("/v1/models")
     if response.status_code != 200:
-        hint = " (the engine wants an API key: set engine.api_key_env and export it)" if response.status_code == 401 else ""
+        hint = (
+            " (the engine wants an API key: set engine.api_key_env and export it)"
+            if response.status_code == 401
+            else ""
+        )
         raise CheckFailed(f"/v1/models answered HTTP {response.status_code}{hint}")
     entries = {entry["id"]: entry for entry in response.json()["data"]}
     served = probe.config.model.served_name
@@ -472,11 +493,17 @@ def check_metrics(probe: _Probe, api_key: str | None) -> CheckResult:
 
 def check_chat(probe: _Probe, api_key: str | None) -> CheckResult:
     max_tokens = REASONING_MAX_TOKENS if probe.config.model.reasoning_parser else CHAT_MAX_TOKENS
-    answer = probe.chat([{"role": "user", "content": "Say hello in one short sentence."}], max_tokens)
+    answer = probe.chat(
+        [{"role": "user", "content": "Say hello in one short sentence."}], max_tokens
+    )
     message, finish_reason = _message(answer)
     text = message.get("content") or _reasoning(message)
     completion_tokens = answer["usage"]["completion_tokens"]
-    figures = {"completion_tokens": completion_tokens, "finish_reason": finish_reason, "chars": len(text or "")}
+    figures = {
+        "completion_tokens": completion_tokens,
+        "finish_reason": finish_reason,
+        "chars": len(text or ""),
+    }
     if not text:
         raise CheckFailed("the chat completion returned no text", figures)
     if finish_reason not in ("stop", "length") or completion_tokens > max_tokens:
@@ -499,7 +526,8 @@ def check_max_total(probe: _Probe, api_key: str | None) -> CheckResult:
     }
     if total != largest:
         raise CheckFailed(
-            f"the workload's largest prompt totals {total} tokens, not the largest bucket's {largest}",
+            f"the workload's largest prompt totals {total} tokens, "
+            f"not the largest bucket's {largest}",
             figures,
         )
     try:
@@ -522,23 +550,27 @@ def check_max_total(probe: _Probe, api_key: str | None) -> CheckResult:
     )
     problems = []
     if usage["prompt_tokens"] != prompt.prompt_tokens:
-        problems.append(f"the server counted {usage['prompt_tokens']} prompt tokens, the workload {prompt.prompt_tokens}")
+        problems.append(
+            f"the server counted {usage['prompt_tokens']} prompt tokens, "
+            f"the workload {prompt.prompt_tokens}"
+        )
     if server_ids is None:
         problems.append("the server did not return the prompt token IDs (return_token_ids)")
     elif server_ids != prompt.token_ids:
-        problems.append("the server-reported prompt token IDs differ from the workload's (seed 004 §6)")
+        problems.append(
+            "the server-reported prompt token IDs differ from the workload's (seed 004 §6)"
+        )
     if usage["completion_tokens"] != prompt.max_tokens:
         problems.append(
             f"it produced {usage['completion_tokens']} of the {prompt.max_tokens} forced output "
-            f"tokens: vLLM shortens a request to fit its max-model-len ({probe.served_max_model_len}); "
+            "tokens: vLLM shortens a request to fit its max-model-len "
+            f"({probe.served_max_model_len}); "
             f"raise engine.max_model_len to at least {largest}"
         )
     if problems:
         raise CheckFailed("the largest-bucket request: " + "; ".join(problems), figures)
-    return (
-        f"{prompt.prompt_tokens} prompt + {prompt.max_tokens} output = {total} tokens, prompt IDs verified",
-        figures,
-    )
+    seen = f"{prompt.prompt_tokens} prompt + {prompt.max_tokens} output = {total} tokens"
+    return f"{seen}, prompt IDs verified", figures
 
 
 def check_stream(probe: _Probe, api_key: str | None) -> CheckResult:
@@ -560,13 +592,21 @@ def check_stream(probe: _Probe, api_key: str | None) -> CheckResult:
     if tally.usage_completion_tokens is None:
         problems.append("no usage record (stream_options.include_usage)")
     elif tally.token_ids != tally.usage_completion_tokens:
-        problems.append(f"{tally.token_ids} streamed token IDs against {tally.usage_completion_tokens} in usage")
+        problems.append(
+            f"{tally.token_ids} streamed token IDs against {tally.usage_completion_tokens} in usage"
+        )
     if tally.usage_completion_tokens not in (None, prompt.max_tokens):
-        problems.append(f"usage reports {tally.usage_completion_tokens} output tokens, {prompt.max_tokens} were forced")
+        problems.append(
+            f"usage reports {tally.usage_completion_tokens} output tokens, "
+            f"{prompt.max_tokens} were forced"
+        )
     if tally.prompt_token_ids is not None and tally.prompt_token_ids != prompt.token_ids:
         problems.append("the streamed prompt token IDs differ from the workload's")
     if tally.usage_prompt_tokens not in (None, prompt.prompt_tokens):
-        problems.append(f"usage reports {tally.usage_prompt_tokens} prompt tokens, the workload {prompt.prompt_tokens}")
+        problems.append(
+            f"usage reports {tally.usage_prompt_tokens} prompt tokens, "
+            f"the workload {prompt.prompt_tokens}"
+        )
     if problems:
         raise CheckFailed("the streamed request: " + "; ".join(problems), figures)
     return f"{tally.token_ids} streamed token IDs equal usage.completion_tokens", figures
@@ -607,7 +647,10 @@ def check_memory(probe: _Probe, api_key: str | None) -> CheckResult:
             memory_tolerance_mib=round(tolerance, 1),
         )
         if growth > tolerance:
-            problems.append(f"engine memory grew {growth:.0f} MiB over {repeats} requests (tolerance {tolerance:.0f} MiB)")
+            problems.append(
+                f"engine memory grew {growth:.0f} MiB over {repeats} requests "
+                f"(tolerance {tolerance:.0f} MiB)"
+            )
         else:
             notes.append(f"memory grew {growth:.2f} MiB (tolerance {tolerance:.0f} MiB)")
     if problems:
@@ -633,7 +676,10 @@ def check_reasoning(probe: _Probe, api_key: str | None) -> CheckResult:
     parser = probe.config.model.reasoning_parser
     if not parser:
         raise Skipped("model.reasoning_parser is not set")
-    question = "A bat and ball cost $1.10 total. The bat costs $1.00 more than the ball. How much is the ball?"
+    question = (
+        "A bat and ball cost $1.10 total. The bat costs $1.00 more than the ball. "
+        "How much is the ball?"
+    )
     answer = probe.chat(
         [{"role": "user", "content": question}],
         REASONING_MAX_TOKENS,
@@ -641,9 +687,16 @@ def check_reasoning(probe: _Probe, api_key: str | None) -> CheckResult:
     )
     message, finish_reason = _message(answer)
     reasoning = _reasoning(message)
-    figures = {"reasoning_chars": len(reasoning), "content_chars": len(message.get("content") or ""), "finish_reason": finish_reason}
+    figures = {
+        "reasoning_chars": len(reasoning),
+        "content_chars": len(message.get("content") or ""),
+        "finish_reason": finish_reason,
+    }
     if not reasoning:
-        raise CheckFailed(f"the answer has no reasoning field although model.reasoning_parser is {parser}", figures)
+        raise CheckFailed(
+            f"the answer has no reasoning field although model.reasoning_parser is {parser}",
+            figures,
+        )
     return f"reasoning field of {len(reasoning)} characters", figures
 
 
@@ -669,7 +722,9 @@ def check_tool_call(probe: _Probe, api_key: str | None) -> CheckResult:
     function = calls[0]["function"]
     figures.update(function=function["name"], arguments=function.get("arguments"))
     if function["name"] != "get_weather":
-        raise CheckFailed(f"the tool call names {function['name']!r}, not the offered get_weather", figures)
+        raise CheckFailed(
+            f"the tool call names {function['name']!r}, not the offered get_weather", figures
+        )
     return f"tool call get_weather({function.get('arguments')})", figures
 
 
@@ -689,7 +744,10 @@ def check_multi_turn(probe: _Probe, api_key: str | None) -> CheckResult:
     if probe.config.model.generated:
         return "a three-message history was answered (random weights: recall not judged)", figures
     if "alice" not in content.lower():
-        raise CheckFailed(f"the answer does not recall the name given two turns earlier: {content[:120]!r}", figures)
+        raise CheckFailed(
+            f"the answer does not recall the name given two turns earlier: {content[:120]!r}",
+            figures,
+        )
     return "the name given two turns earlier was recalled", figures
 
 
@@ -698,7 +756,9 @@ def check_api_key(probe: _Probe, api_key: str | None) -> CheckResult:
     if not variable:
         raise Skipped("engine.api_key_env is not set")
     if not api_key:
-        raise CheckFailed(f"{variable} is not set in runner's environment, so it cannot present the key")
+        raise CheckFailed(
+            f"{variable} is not set in runner's environment, so it cannot present the key"
+        )
     attempts = {"without a key": None, "with a wrong key": WRONG_KEY, "with the key": api_key}
     expected = {"without a key": 401, "with a wrong key": 401, "with the key": 200}
     statuses = {}
@@ -706,7 +766,11 @@ def check_api_key(probe: _Probe, api_key: str | None) -> CheckResult:
         for label, key in attempts.items():
             statuses[label] = bare.get("/v1/models", headers=auth_headers(key)).status_code
     figures = {label.replace(" ", "_"): status for label, status in statuses.items()}
-    wrong = [f"HTTP {statuses[label]} {label} (expected {code})" for label, code in expected.items() if statuses[label] != code]
+    wrong = [
+        f"HTTP {statuses[label]} {label} (expected {code})"
+        for label, code in expected.items()
+        if statuses[label] != code
+    ]
     if wrong:
         raise CheckFailed("the API key is not enforced as configured: " + "; ".join(wrong), figures)
     return "401 without a key and with a wrong key, 200 with the key", figures
@@ -714,7 +778,7 @@ def check_api_key(probe: _Probe, api_key: str | None) -> CheckResult:
 
 # Every request depends on these: once one fails, the checks after it are not run.
 GATES = frozenset({"health", "models"})
-SEED004_CHECKS: list[tuple[str, Callable[[_Probe, str | None], CheckResult]]] = [
+SEED004_CHECKS: list[tuple[str, CheckFunction]] = [
     ("health", check_health),
     ("models", check_models),
     ("metrics", check_metrics),
@@ -723,7 +787,7 @@ SEED004_CHECKS: list[tuple[str, Callable[[_Probe, str | None], CheckResult]]] = 
     ("stream_usage", check_stream),
     ("memory", check_memory),
 ]
-SEED003_CHECKS: list[tuple[str, Callable[[_Probe, str | None], CheckResult]]] = [
+SEED003_CHECKS: list[tuple[str, CheckFunction]] = [
     ("reasoning", check_reasoning),
     ("tool_call", check_tool_call),
     ("multi_turn", check_multi_turn),

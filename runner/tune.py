@@ -9,8 +9,8 @@ overrides given, and runs a whole capacity search (:func:`runner.run.execute`): 
 ``config_id``, a restarted engine, a full bracket. The objective is the decision's
 median aggregate output tok/s; a setup with no user count that meets the floor scores
 0.0, a measured fact that steers the sampler away from it. A setup that cannot be run
-at all (it does not start, a config rule refuses it) fails the trial and the study
-goes on.
+at all (it does not start, a config rule refuses it) is pruned, which the sampler
+ranks below every scored trial, and the study goes on.
 
 The study lives in the storage given (sqlite by default), so a tuner that is killed
 starts again where it stopped: ``--trials`` is the total the study should reach, and
@@ -242,11 +242,15 @@ class Tuner:
         self.space = fit_to_users(self.space, min_num_seqs(search, follows))
 
     def run_config(self, values: Mapping[str, Any]) -> Any:
+        """The trial's RunConfig, its run id and results folder named by its config_id."""
         from runner import identity
         from runner.cli import to_plain
         from runner.config import Results, build_config
+        from runner.run import pin_model
 
         config = build_config(to_plain(self.compose(to_overrides(values))))
+        # The id the run itself reports: a branch revision is pinned to its commit first.
+        config, _ = pin_model(config, [])
         config_id = identity.config_id(config)
         return config.model_copy(
             update={
@@ -256,6 +260,7 @@ class Tuner:
         )
 
     def objective(self, trial: Any) -> float:
+        import optuna
         from rich.console import Console
 
         from runner.run import execute
@@ -270,8 +275,7 @@ class Tuner:
             summary = replayed_summary(config) or execute(config, console)
         except RunnerError as exc:
             trial.set_user_attr("error", str(exc))
-            console.print(f"[bold red]trial {trial.number} failed:[/] {exc}")
-            raise
+            raise optuna.TrialPruned(f"runner could not run this setup: {exc}") from exc
         except KeyboardInterrupt:
             trial.set_user_attr(INTERRUPTED, True)
             raise
@@ -348,16 +352,12 @@ def requeue_interrupted(study: Any) -> int:
 
 
 def trials_done(study: Any) -> int:
-    """Trials that count toward --trials: scored, or refused by runner (a setup that
-    cannot start is an answer too); interrupted ones are run again instead."""
+    """Trials that count toward --trials: scored, or pruned because runner could not
+    run the setup (an answer too); interrupted ones are run again instead."""
     from optuna.trial import TrialState
 
-    return sum(
-        1
-        for trial in study.get_trials(deepcopy=False)
-        if trial.state == TrialState.COMPLETE
-        or (trial.state == TrialState.FAIL and "error" in trial.user_attrs)
-    )
+    finished = (TrialState.COMPLETE, TrialState.PRUNED)
+    return sum(1 for trial in study.get_trials(deepcopy=False) if trial.state in finished)
 
 
 def tune(args: argparse.Namespace) -> int:
@@ -378,7 +378,7 @@ def tune(args: argparse.Namespace) -> int:
         remaining = max(0, args.trials - trials_done(study))
         log.info("study %s: %d trial(s) to run", args.study, remaining)
         signal.signal(signal.SIGTERM, _terminate)
-        study.optimize(tuner.objective, n_trials=remaining, catch=(RunnerError,))
+        study.optimize(tuner.objective, n_trials=remaining)
     print_best(study)
     return 0
 
@@ -404,7 +404,7 @@ def print_best(study: Any) -> None:
     console = Console(highlight=False, soft_wrap=True)
     scored = [trial for trial in study.get_trials(deepcopy=False) if trial.state == TrialState.COMPLETE]
     if not scored:
-        console.print(f"study {study.study_name}: no trial finished yet")
+        console.print(f"study {study.study_name}: no trial scored yet")
         return
     best = max(scored, key=lambda trial: trial.value)
     console.print(

@@ -69,7 +69,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
             "--model", str(tiny_model_dir),
             "--served-model-name", "tiny",
             "--load-format", "dummy",
-            "--gpu-memory-utilization", "0.3",
+            "--gpu-memory-utilization", "0.1",
             "--max-model-len", str(TINY_CONTEXT),
             "--max-num-seqs", "256",
             "--no-enable-prefix-caching",

@@ -179,7 +179,7 @@ def test_engine_serves_then_a_killed_container_is_a_fault_and_nothing_is_left(
             "--model", "/models/tiny",
             "--served-model-name", "tiny",
             "--load-format", "dummy",
-            "--gpu-memory-utilization", "0.3",
+            "--gpu-memory-utilization", "0.1",
             "--max-model-len", str(TINY_CONTEXT),
             "--host", "0.0.0.0",
             "--port", "8000",

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from runner.engines.process import port_is_free
+
 REPO = Path(__file__).resolve().parents[2]
 BATCHED_TOKENS = [2048, 4096]
 
@@ -23,6 +25,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[su
     """`python -m runner -m` with the max_num_batched_tokens sweep file, two CPU-sized
     values replacing its GPU grid: two jobs, each its own local vLLM, one after the other."""
     work = tmp_path_factory.mktemp("sweep")
+    port = next(port for port in range(8450, 8650) if port_is_free("127.0.0.1", port))
     uri = f"sqlite:///{work}/mlflow.db"
     done = subprocess.run(
         [
@@ -32,7 +35,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[su
             "search=fixed", "search.users=[4]", "search.window_s=5", "search.warmup_s=2",
             f"hydra.sweep.dir={work}/multirun", f"tracking.uri={uri}",
             f"tracking.artifact_root={work}/artifacts", f"cache_dir={cache_dir}",
-            "engine.port=8392",
+            f"engine.port={port}",
         ],
         cwd=REPO,
         env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"),
@@ -76,3 +79,59 @@ def test_compare_lists_both_configs_in_one_family_table(sweep) -> None:
     for manifest in manifests:
         assert manifest["config_id"] in shown.stdout
         assert manifest["run_id"] in shown.stdout
+
+
+def test_the_optuna_tuner_resumes_a_killed_study(vllm_server, cache_dir: Path, tmp_path: Path) -> None:
+    """Seed 004 §10 as a sequential Optuna study in sqlite: SIGKILL inside a trial, the
+    same command again re-runs that trial with the same flags, its search resumes
+    window by window, and the trial is scored with the decision's median aggregate.
+    The engine is the shared one (backend=external): the tuned flags only label it."""
+    import signal
+    import time
+
+    import optuna
+    from optuna.trial import TrialState
+
+    space = tmp_path / "space.yaml"
+    space.write_text("engine.max_num_batched_tokens: {choices: [2048, 4096]}\n")
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    command = [
+        sys.executable, "-m", "runner.tune", "--trials", "1", "--study", "cpu-tune",
+        "--storage", storage, "--space", str(space), "--results-dir", str(tmp_path / "tune"),
+        "backend=external", f"backend.url={vllm_server.base_url}",
+        "search=fixed", "search.users=[4,6]", "search.window_s=4", "search.warmup_s=1",
+        f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path}/artifacts", f"cache_dir={cache_dir}",
+    ]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    with (tmp_path / "first.log").open("w") as log:
+        first = subprocess.Popen(command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 300
+        while not list((tmp_path / "tune").glob("*/results.jsonl")):
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the first trial measured nothing within 300 s"
+            time.sleep(0.2)
+        time.sleep(1.5)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+
+    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+
+    study = optuna.load_study(study_name="cpu-tune", storage=storage)
+    killed, retried = study.trials
+    assert killed.state == TrialState.FAIL
+    assert retried.state == TrialState.COMPLETE
+    assert retried.user_attrs["retry_of"] == killed.number
+    assert retried.params == killed.params
+    (folder,) = (tmp_path / "tune").iterdir()
+    assert folder.name == retried.user_attrs["config_id"]
+    rows = [json.loads(line) for line in (folder / "results.jsonl").read_text().splitlines()]
+    assert [row["users"] for row in rows] == [4, 6]
+    assert {row["run_id"] for row in rows} == {f"cpu-tune-{folder.name}"}
+    summary = json.loads((folder / "manifest.json").read_text())["summary"]
+    assert retried.value == (summary["median_aggregate_tok_s"] or 0.0)
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("runner")
+    parents = client.search_runs([experiment.experiment_id], "tags.`runner.kind` = 'search'")
+    assert [run.data.tags["run_id"] for run in parents] == [f"cpu-tune-{folder.name}"]

@@ -189,7 +189,7 @@ def test_the_cpu_default_launches_a_local_process() -> None:
     assert plan.argv[:2] == ["--model", "/cache/tiny"]
     assert plan.argv[-1] == "--enforce-eager"  # extra_args come last
     assert (ours["--load-format"], ours["--port"], ours["--host"]) == ("dummy", "8011", "127.0.0.1")
-    assert same(ours["--gpu-memory-utilization"], "0.3")
+    assert same(ours["--gpu-memory-utilization"], "0.1")
     assert "--no-enable-prefix-caching" in ours
     assert (plan.image, plan.gpus, plan.mounts, plan.env) == (None, None, [], {})
     with pytest.raises(ValueError):

@@ -173,6 +173,19 @@ def test_console_line_prints_unavailable_figures_as_na() -> None:
     assert "ttft_p99_ms=n/a request_latency_p99_ms=n/a PASS" in line
 
 
+def test_console_line_marks_a_bursty_window_before_its_verdict() -> None:
+    """seed 000: a window whose streams arrived in bursts says so on its line."""
+    bursty = dataclasses.replace(make_detail(), extra={"bursty": True})
+    steady = dataclasses.replace(make_detail(), extra={"bursty": False})
+    assert console_line(make_row(), bursty, floor=15.0).endswith(
+        "request_latency_p99_ms=31000.0 BURSTY PASS"
+    )
+    assert "BURSTY" not in console_line(make_row(), steady, floor=15.0)
+    console = Console(record=True, width=300, color_system=None)
+    print_window(console, make_row(), bursty, floor=15.0)
+    assert console.export_text().strip().endswith("BURSTY PASS")
+
+
 def test_print_window_writes_the_line() -> None:
     console = Console(record=True, width=300, color_system=None)
     print_window(console, make_row(min_user_tok_s=1.0), make_detail(), floor=15.0)

@@ -119,7 +119,11 @@ def test_a_failed_check_raises_one_paragraph_naming_it() -> None:
     assert "models: the engine serves ['a'], not model.served_name='b'" in message
     assert "chat not run" in message
     assert "\n" not in message
-    assert report.metrics() == {"smoke_passed": 0.0, "smoke_failed_checks": 1.0, "smoke_seconds": 1.5}
+    assert report.metrics() == {
+        "smoke_passed": 0.0,
+        "smoke_failed_checks": 1.0,
+        "smoke_seconds": 1.5,
+    }
 
 
 def test_a_passing_report_with_skipped_checks_does_not_raise() -> None:

@@ -221,3 +221,39 @@ def test_per_bucket_figures_keep_long_context_starvation_visible() -> None:
     assert long.ttft_p99_ms == pytest.approx(7000.0)
     assert short.requests == long.requests == 1
     assert result.detail.user_bucket == [1000, 30000]
+
+
+def test_the_audit_allows_for_the_time_the_boundary_reads_took() -> None:
+    """seed 004 §7: the server read its counter somewhere during the closing GET, so
+    tokens that arrived while that read was under way may be on either side."""
+    records = [record(0, 101.0, [(102.0, 90), (109.8, 10)], finished=109.9)]
+    # The server counted 90: the 10 that arrived 0.2 s before t1 came after its read.
+    exact = measure(records, 1, server_tokens=90.0)
+    assert exact.detail.audit_delta_pct == pytest.approx(10 / 90 * 100)
+    late_read = WindowMeasurement(
+        **{**exact_measurement(records, 90.0).__dict__, "end_read_s": 0.3}
+    )
+    result = summarize_window(
+        late_read, run_id="r", config_id="c", phase="coarse", audit_tolerance_pct=1.0
+    )
+    assert result.detail.audit_delta_pct == 0.0
+    assert result.detail.client_tokens == 100  # throughput still counts to t1
+    # A read shorter than the gap cannot excuse it.
+    quick = WindowMeasurement(**{**exact_measurement(records, 90.0).__dict__, "end_read_s": 0.1})
+    assert summarize_window(
+        quick, run_id="r", config_id="c", phase="coarse", audit_tolerance_pct=1.0
+    ).detail.audit_delta_pct == pytest.approx(10 / 90 * 100)
+
+
+def exact_measurement(records: list[RequestRecord], server_tokens: float) -> WindowMeasurement:
+    return WindowMeasurement(
+        timestamp_utc="2026-01-01T00:00:00+00:00",
+        users=1,
+        user_buckets=[1000],
+        window_s=10.0,
+        t0=T0,
+        t1=T1,
+        records=records,
+        start=metrics(1000.0),
+        end=metrics(1000.0 + server_tokens),
+    )

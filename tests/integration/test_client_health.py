@@ -1,0 +1,131 @@
+"""The client's own health and the burst flag on real vLLM CPU windows.
+
+Seed 004 §7 (window audit), seed 000 (TPOT 0.0 ms from bursty streams). Observed on
+vLLM 0.32 CPU: overload (more users than ``--max-num-seqs``) queues requests and then
+streams them token by token, so it does not reproduce seed 000's bursts; what does
+deliver a real engine's tokens in lumps is ``--stream-interval``, which buffers that
+many tokens per event. Both are measured here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from runner.config import RunConfig, build_config
+from runner.engines.base import LaunchPlan
+from runner.engines.process import ProcessEngine
+from runner.protocol import run_window, wait_idle
+from runner.results import console_line
+from runner.streams import BURSTY_WINDOW_SHARE
+from runner.workload import build_prompts, load_tokenizer
+from tests.conftest import compose
+from tests.integration.conftest import TINY_CONTEXT, Server, free_port
+
+pytestmark = pytest.mark.integration
+
+STREAM_INTERVAL = 16
+
+
+def window_config(served_name: str, window_s: float = 6.0, max_tokens: int = 48) -> RunConfig:
+    return build_config(
+        compose(
+            [
+                "workload.buckets=[{total_tokens:128},{total_tokens:256}]",
+                f"workload.max_tokens={max_tokens}",
+                "workload.prompts_per_bucket=32",
+                "workload.request_timeout_s=300",
+                "search=fixed",
+                f"search.window_s={window_s}",
+                "search.warmup_s=2",
+                "search.drain_timeout_s=300",
+                f"model.served_name={served_name}",
+            ]
+        )
+    )
+
+
+def measure(server, users: int, config: RunConfig):
+    prompts = build_prompts(load_tokenizer(server.model_dir), config.workload)
+    return run_window(
+        server, config, prompts, users, config_id="cpu-test", run_id="client", phase="coarse"
+    )
+
+
+@pytest.mark.parametrize("users", [1, 8, 64])
+def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server, users) -> None:
+    """seed 004 §7: client and server token counts agree within 1% (aim 0.1%) and the
+    window records the client's loop lag, CPU and connections."""
+    result = measure(vllm_server, users, window_config(vllm_server.served_name))
+    detail = result.detail
+    client = detail.extra["client"]
+    assert detail.audit_delta_pct is not None and detail.audit_delta_pct <= 1.0, detail
+    # Every user streams on a connection of its own; the /metrics client may add one.
+    assert users <= client["open_connections"] <= users + 1
+    assert client["loop_lag_p99_ms"] is not None and client["loop_lag_p99_ms"] >= 0
+    assert client["cpu_pct"] > 0
+    assert client["kept_up"] == (client["loop_lag_p99_ms"] <= 50.0)
+    assert result.row.valid == (client["kept_up"] and not detail.invalid_reasons), detail
+    # Healthy streams: about one token per read, TPOT and ITL present beside the flag.
+    assert detail.extra["bursty"] is False
+    assert detail.extra["tokens_per_chunk_mean"] < 2.0
+    assert detail.extra["tpot_p50_ms"] > 0 and detail.extra["itl_p99_ms"] > 0
+    assert detail.extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s
+    assert "BURSTY" not in console_line(result.row, detail)
+
+
+def test_an_overloaded_window_queues_but_does_not_burst_on_vllm_cpu(vllm_server) -> None:
+    """seed 000: twice the engine's 256 sequences. vLLM CPU queues the excess
+    (TTFT grows) and still streams each admitted request token by token, so unless the
+    client itself fell behind and read many events at once, the window is not bursty."""
+    config = window_config(vllm_server.served_name, window_s=6.0, max_tokens=32)
+    result = measure(vllm_server, 512, config)
+    extra = result.detail.extra
+    assert extra["queue"]["waiting_max"] > 0  # really overloaded
+    assert extra["bursty"] == (extra["burst_share"] > BURSTY_WINDOW_SHARE)
+    if extra["client"]["kept_up"]:
+        assert extra["bursty"] is False, extra
+        assert extra["tokens_per_chunk_mean"] < 2.0, extra
+    else:
+        assert not result.row.valid
+        assert any("could not keep up" in r for r in result.detail.invalid_reasons)
+    wait_idle(vllm_server.base_url, 300)
+
+
+@pytest.fixture(scope="module")
+def lumped_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
+    """A second engine that sends its tokens STREAM_INTERVAL at a time."""
+    port = free_port(8500)
+    plan = LaunchPlan(
+        image=None,
+        argv=[
+            "--model", str(tiny_model_dir),
+            "--served-model-name", "tiny-lumped",
+            "--load-format", "dummy",
+            "--gpu-memory-utilization", "0.1",
+            "--max-model-len", str(TINY_CONTEXT),
+            "--max-num-seqs", "16",
+            "--stream-interval", str(STREAM_INTERVAL),
+            "--no-enable-prefix-caching",
+            "--host", "127.0.0.1",
+            "--port", str(port),
+        ],
+        port=port,
+    )  # fmt: skip
+    engine = ProcessEngine(plan, log_dir=tmp_path_factory.mktemp("lumped"), startup_timeout_s=600)
+    with engine:
+        yield Server(engine=engine, served_name="tiny-lumped", model_dir=tiny_model_dir)
+
+
+def test_a_window_whose_tokens_arrive_in_lumps_carries_the_burst_flag(lumped_server) -> None:
+    """seed 000: streams delivered many tokens at a time are flagged, on the console
+    too, and the aggregate decode rate is reported beside the distorted TPOT/ITL."""
+    result = measure(lumped_server, 8, window_config(lumped_server.served_name, max_tokens=64))
+    extra = result.detail.extra
+    assert extra["bursty"] is True, extra
+    assert extra["burst_share"] > 0.5
+    assert extra["tokens_per_chunk_mean"] >= STREAM_INTERVAL / 2
+    assert extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s > 0
+    assert result.detail.audit_delta_pct <= 1.0  # the counts still agree: only timing lies
+    assert " BURSTY " in console_line(result.row, result.detail)
