@@ -92,7 +92,13 @@ class Nginx:
         body, event_bytes = sse_body(tokens)
         (self.prefix / "www" / "stream.sse").write_bytes(body)
         self.paced_port, self.burst_port = free_port(), free_port()
-        values = (self.prefix, self.paced_port, self.burst_port, event_bytes, round(event_bytes * tok_s))
+        values = (
+            self.prefix,
+            self.paced_port,
+            self.burst_port,
+            event_bytes,
+            round(event_bytes * tok_s),
+        )
         conf = (HERE / "loadgen" / "nginx.conf").read_text()
         for key, value in zip(PREFIX_KEYS, values, strict=True):
             conf = conf.replace(key, str(value))
@@ -169,7 +175,9 @@ async def runner_client(url: str, users: int, window_s: float, warmup_s: float) 
 
 def measure_runner(url: str, users: int, window_s: float, warmup_s: float) -> dict:
     command = [sys.executable, __file__, "_runner", url, str(users), str(window_s), str(warmup_s)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=REPO, timeout=300, check=False
+    )
     if done.returncode != 0:
         return {"failed": done.stderr.strip().splitlines()[-1:]}
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -275,7 +283,9 @@ def main() -> None:
             if args.no_vllm:
                 continue
             # Enough requests to cover warm-up and window at this concurrency.
-            rounds = max(2, round((args.window_s + args.warmup_s) / stream_s)) if mode == "paced" else 40
+            rounds = (
+                max(2, round((args.window_s + args.warmup_s) / stream_s)) if mode == "paced" else 40
+            )
             results["vllm", mode, users] = figures = measure_vllm(
                 url, users, users * rounds, tokenizer, workdir
             )
@@ -305,7 +315,10 @@ def verdict(results: dict, args: argparse.Namespace) -> None:
           f"{LOOP_LAG_TARGET_MS:g} ms (target {STREAMS_TARGET}): "
           f"{'met' if most and most >= STREAMS_TARGET else 'MISSED'}")  # fmt: skip
     for users in args.users:
-        ours, theirs = results.get(("runner", "paced", users)), results.get(("vllm", "paced", users))
+        ours, theirs = (
+            results.get(("runner", "paced", users)),
+            results.get(("vllm", "paced", users)),
+        )
         if ours and theirs and "failed" not in ours and "failed" not in theirs:
             print(f"paced {users} users: tokens/s runner/vLLM client "
                   f"{ours['tok_s'] / theirs['tok_s']:.2f}, peak RSS {ours['rss_mib'] / theirs['rss_mib']:.2f}")  # fmt: skip
@@ -320,7 +333,12 @@ def verdict(results: dict, args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_runner":
         sys.path.insert(0, str(REPO))
-        url, users, window_s, warmup_s = sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), float(sys.argv[5])
+        url, users, window_s, warmup_s = (
+            sys.argv[2],
+            int(sys.argv[3]),
+            float(sys.argv[4]),
+            float(sys.argv[5]),
+        )
         print(json.dumps(asyncio.run(runner_client(url, users, window_s, warmup_s))))
     else:
         main()

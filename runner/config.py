@@ -191,7 +191,12 @@ class SLO(Strict):
     min_user_tok_s: float = Field(default=15.0, gt=0)
     audit_tolerance_pct: float = Field(default=1.0, gt=0)
     # Above this event-loop lag p99 the client stamped and dispatched late: invalid.
-    client_max_loop_lag_ms: float = Field(default=50.0, gt=0)
+    # None: one token gap at the floor (1000 / min_user_tok_s, 67 ms at 15 tok/s).
+    client_max_loop_lag_ms: float | None = Field(default=None, gt=0)
+
+    @property
+    def max_loop_lag_ms(self) -> float:
+        return self.client_max_loop_lag_ms or 1000.0 / self.min_user_tok_s
 
 
 class Backend(Strict):

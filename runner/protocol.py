@@ -162,7 +162,7 @@ async def _collect(
         finally:
             # Stopped even when the window fails, so no telemetry thread outlives it.
             telemetry_summary = telemetry.stop() if telemetry is not None else None
-            client = judge(await probe.stop(), config.slo.client_max_loop_lag_ms)
+            client = judge(await probe.stop(), config.slo.max_loop_lag_ms)
         ended_at = end.at if end is not None else time.monotonic()
         sampler_task.cancel()
         (sampler_outcome,) = await asyncio.gather(sampler_task, return_exceptions=True)

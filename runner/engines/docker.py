@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import re
 import signal
 import threading
@@ -29,6 +28,7 @@ from docker.types import DeviceRequest
 
 from runner.config import RunConfig
 from runner.engines.base import EngineFault, LaunchPlan
+from runner.engines.process import secret_values
 from runner.errors import EngineStartError, PreflightError
 
 log = logging.getLogger("runner")
@@ -131,17 +131,6 @@ def remove_run_containers(run_id: str, client: Any = None) -> int:
 def _container_name(config_id: str) -> str:
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", config_id)[:40].strip("-.") or "engine"
     return f"runner-{safe}-{uuid.uuid4().hex[:6]}"
-
-
-def _secret_values(names: list[str]) -> dict[str, str]:
-    missing = [name for name in names if not os.environ.get(name)]
-    if missing:
-        raise EngineStartError(
-            f"The engine needs the secret environment variable(s) {', '.join(missing)}, "
-            "which are not set. Export them in the shell that starts runner; secrets are "
-            "read only from the environment and never written to configs or logs."
-        )
-    return {name: os.environ[name] for name in names}
 
 
 def _volumes(mounts: list[tuple[str, str, str]]) -> dict[str, dict[str, str]]:
@@ -264,7 +253,7 @@ class DockerEngine:
         self.image_id = image.id
         self.repo_digests = list(image.attrs.get("RepoDigests") or [])
         environment = dict(plan.env)
-        environment.update(_secret_values(plan.secret_env))
+        environment.update(secret_values(plan.secret_env))
         container_port = f"{plan.port}/tcp"
         options: dict[str, Any] = {
             "command": list(plan.argv),

@@ -57,6 +57,7 @@ def test_a_killed_run_resumes_at_the_interrupted_window(vllm_server, cache_dir: 
     command = [
         sys.executable, "-m", "runner",
         "backend=external", f"backend.url={vllm_server.base_url}",
+        f"engine.max_model_len={served_context(vllm_server.base_url)}",
         "search=fixed", f"search.users=[{','.join(map(str, USERS))}]",
         "search.window_s=6", "search.warmup_s=2",
         f"hydra.run.dir={results_root}/${{now:%Y%m%d-%H%M%S}}",
@@ -128,3 +129,8 @@ def _epoch(stamp: str) -> float:
     from datetime import datetime
 
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def served_context(base_url: str) -> int:
+    """The shared engine's context length: the engine options must describe it truthfully."""
+    return int(httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["max_model_len"])

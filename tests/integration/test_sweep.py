@@ -100,6 +100,7 @@ def test_the_optuna_tuner_resumes_a_killed_study(vllm_server, cache_dir: Path, t
         sys.executable, "-m", "runner.tune", "--trials", "1", "--study", "cpu-tune",
         "--storage", storage, "--space", str(space), "--results-dir", str(tmp_path / "tune"),
         "backend=external", f"backend.url={vllm_server.base_url}",
+        f"engine.max_model_len={served_context(vllm_server.base_url)}",
         "search=fixed", "search.users=[4,6]", "search.window_s=4", "search.warmup_s=1",
         f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path}/artifacts", f"cache_dir={cache_dir}",
     ]
@@ -135,3 +136,10 @@ def test_the_optuna_tuner_resumes_a_killed_study(vllm_server, cache_dir: Path, t
     experiment = client.get_experiment_by_name("runner")
     parents = client.search_runs([experiment.experiment_id], "tags.`runner.kind` = 'search'")
     assert [run.data.tags["run_id"] for run in parents] == [f"cpu-tune-{folder.name}"]
+
+
+def served_context(base_url: str) -> int:
+    """The shared engine's context length: the engine options must describe it truthfully."""
+    import httpx
+
+    return int(httpx.get(f"{base_url}/v1/models", timeout=10).json()["data"][0]["max_model_len"])

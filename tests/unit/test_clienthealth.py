@@ -5,11 +5,11 @@ from __future__ import annotations
 from runner.clienthealth import ClientHealth, engine_addresses, judge
 
 
-def health(lag_ms: float | None = 2.0, connections: int | None = 33, users: int = 32):
+def health(lag_ms: float | None = 2.0, connections: int | None = 33, users: int = 32, cpu_pct: float = 95.0):
     return ClientHealth(
         loop_lag_p99_ms=lag_ms,
         loop_lag_max_ms=lag_ms,
-        cpu_pct=40.0,
+        cpu_pct=cpu_pct,
         open_connections=connections,
         users=users,
     )
@@ -26,6 +26,12 @@ def test_loop_lag_above_the_limit_means_the_client_fell_behind() -> None:
     assert not verdict.kept_up
     assert "event-loop lag p99 50.1 ms > 50 ms" in verdict.reasons[0]
     assert judge(health(lag_ms=50.0), max_loop_lag_ms=50.0).kept_up
+
+
+def test_lag_with_an_idle_client_is_the_host_not_the_client() -> None:
+    """Beside a CPU engine on the same cores, an idle client wakes late; it kept up."""
+    assert judge(health(lag_ms=120.0, cpu_pct=12.0), max_loop_lag_ms=50.0).kept_up
+    assert not judge(health(lag_ms=120.0, cpu_pct=85.0), max_loop_lag_ms=50.0).kept_up
 
 
 def test_fewer_connections_than_users_means_users_were_not_streaming() -> None:
