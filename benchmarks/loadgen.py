@@ -339,6 +339,8 @@ if __name__ == "__main__":
             float(sys.argv[4]),
             float(sys.argv[5]),
         )
-        print(json.dumps(asyncio.run(runner_client(url, users, window_s, warmup_s))))
+        from runner.transport import run  # the event loop runner's windows run on
+
+        print(json.dumps(run(runner_client(url, users, window_s, warmup_s))))
     else:
         main()

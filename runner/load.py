@@ -9,7 +9,10 @@ requests in flight carry the same prompt.
 Per-event work is kept to a byte search for the token IDs and a comma count (JSON
 is parsed only for the usage summary and errors), and per read to two array
 appends: at 1,000+ streams on a couple of cores the client, not the server, would
-otherwise set the pace (``benchmarks/loadgen.py`` measures it).
+otherwise set the pace (``benchmarks/loadgen.py`` measures it). For the same reason
+plain-HTTP engines are driven through :mod:`runner.transport` (one keep-alive
+connection per user, parsed on bytes in asyncio's protocol callbacks); HTTPS, or
+``transport="httpx"``, goes through httpx with the same parsing.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from itertools import count
 
 import httpx
 
+from runner import transport as lean
 from runner.records import Prompt
 from runner.window import RequestRecord
 from runner.workload import assign_buckets, prompts_by_bucket
@@ -62,6 +66,7 @@ class LoadGenerator:
         request_timeout_s: float,
         headers: dict[str, str] | None = None,
         max_requests: int | None = None,
+        transport: str = "lean",
     ) -> None:
         if not prompts:
             raise ValueError("the workload has no prompts")
@@ -81,6 +86,19 @@ class LoadGenerator:
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.records: list[RequestRecord] = []
+        # The lean transport (runner.transport) for plain HTTP; httpx for HTTPS, or
+        # when asked for ("httpx"), e.g. to compare the two.
+        self._endpoint: lean.Endpoint | None = None
+        self._connections: list[lean.StreamConnection] = []
+        self._clients: list[httpx.AsyncClient] = []
+        if transport == "lean" and lean.supports(base_url):
+            self._endpoint = lean.Endpoint(base_url, COMPLETIONS_PATH, headers or {})
+            self._connections = [
+                lean.StreamConnection(self._endpoint, self._other_event) for _ in range(users)
+            ]
+            return
+        if transport not in ("lean", "httpx"):
+            raise ValueError(f"transport must be 'lean' or 'httpx', got {transport!r}")
         ssl_context = httpx.create_ssl_context()  # once: building one per client is slow
         per_client = httpx.Limits(
             max_connections=USERS_PER_CLIENT, max_keepalive_connections=USERS_PER_CLIENT
@@ -103,6 +121,8 @@ class LoadGenerator:
         self.stop_dispatch()
         await self.drain(0)
         await asyncio.gather(*(client.aclose() for client in self._clients))
+        for connection in self._connections:
+            connection.close()
 
     def start(self) -> None:
         self._tasks = [
@@ -160,6 +180,8 @@ class LoadGenerator:
                 # Forced length; natural-EOS workloads let the model stop on its own.
                 request["min_tokens"] = prompt.max_tokens
             body = json.dumps(request, separators=(",", ":")).encode()
+            if self._endpoint is not None:
+                body = self._endpoint.request(body)
             self._bodies[prompt.id] = body
         return body
 
@@ -180,20 +202,24 @@ class LoadGenerator:
                 dispatched_at=time.monotonic(),
             )
             self.records.append(record)
-            await self._send(self._clients[user // USERS_PER_CLIENT], record, self._body(prompt))
+            await self._send(user, record, self._body(prompt))
             if record.error is not None and not self._stopping.is_set():
                 await asyncio.sleep(ERROR_BACKOFF_S)
 
-    async def _send(self, client: httpx.AsyncClient, record: RequestRecord, body: bytes) -> None:
+    async def _send(self, user: int, record: RequestRecord, body: bytes) -> None:
+        """``body`` is the full HTTP request on the lean transport, the JSON on httpx."""
         try:
             async with asyncio.timeout(self._request_timeout_s):
-                await self._stream(client, record, body)
+                if self._endpoint is not None:
+                    await self._connections[user].stream(record, body)
+                else:
+                    await self._stream(self._clients[user // USERS_PER_CLIENT], record, body)
         except asyncio.CancelledError:
             record.error = "cancelled: still running when the drain timeout ran out"
             raise
         except TimeoutError:
             record.error = f"timeout: no completion within {self._request_timeout_s:g} s"
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, lean.ConnectError, lean.ProtocolError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
         except ValueError as exc:  # a data: line that is not JSON
             record.error = f"unreadable stream event: {exc}"

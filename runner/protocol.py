@@ -29,6 +29,7 @@ from runner.errors import EngineError, MeasurementError
 from runner.load import LoadGenerator, auth_headers
 from runner.records import Prompt, WindowResult
 from runner.sampler import Sampler, metrics_client, read_metrics, wait_idle_async
+from runner.transport import run as run_async
 from runner.window import MetricsSample, WindowMeasurement, summarize_window
 
 log = logging.getLogger("runner")
@@ -88,7 +89,7 @@ def collect_window(
     """The raw window (every request's chunk times included), before any statistics."""
     if users < 1:
         raise ValueError(f"users must be at least 1, got {users}")
-    return asyncio.run(
+    return run_async(
         _collect(
             engine,
             config,

@@ -236,15 +236,42 @@ def startup_facts(engine: RunningEngine) -> dict[str, Any]:
     return facts
 
 
+ENGINE_FAULT = "engine fault: "
+OOM_WORDS = ("lack of memory", "OOM", "out of memory")
+MAX_RELAUNCHES = 2
+
+
+def engine_fault_of(detail: WindowDetail) -> str | None:
+    """The engine fault that invalidated a window, if one did."""
+    for reason in detail.invalid_reasons:
+        if reason.startswith(ENGINE_FAULT):
+            return reason[len(ENGINE_FAULT):]
+    return None
+
+
 def observation(row: WindowRow, detail: WindowDetail) -> Observation:
+    fault = engine_fault_of(detail) or ""
     return Observation(
         users=row.users,
         aggregate_tok_s=row.aggregate_output_tok_s,
         min_user_tok_s=row.min_user_tok_s,
         valid=row.valid,
         phase=detail.phase,
-        oom=bool(detail.extra.get("oom", False)),
+        oom=any(word in fault for word in OOM_WORDS),
     )
+
+
+def search_history(results: list[WindowResult], relaunch: bool) -> list[Observation]:
+    """What the search has seen. With ``backend.on_engine_fault=relaunch`` a window the
+    engine died in is redone on a fresh engine, so it does not count as a failure;
+    it stays in results.jsonl as an invalid row with its reason."""
+    history = []
+    for result in results:
+        seen = observation(result.row, result.detail)
+        if relaunch and engine_fault_of(result.detail) and not seen.oom:
+            continue  # redone on the relaunched engine; an OOM still stops the doubling
+        history.append(seen)
+    return history
 
 
 def resume_folder(results_dir: Path, run_id: str) -> Path:
@@ -349,7 +376,8 @@ def measure(
     config = context.config
     params = SearchParams.from_config(config.search, config.slo)
     done = prior_windows(context.results_dir, context.run_id)
-    history = [observation(result.row, result.detail) for result in done]
+    relaunch = config.backend.on_engine_fault == "relaunch"
+    history = search_history(done, relaunch)
     writer = ResultsWriter(context.results_dir)
     api_key = os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
     started = time.monotonic()
@@ -369,8 +397,11 @@ def measure(
             # A run killed between writing a row and logging it left MLflow one short;
             # windows MLflow already holds are skipped, so nothing is logged twice.
             tracker.log_window(result, index=index)
+        windows_logged = len(done)
+        relaunches = 0
+        engine_stack = stack.enter_context(ExitStack())
         try:
-            engine = stack.enter_context(open_engine(context, plan))
+            engine = engine_stack.enter_context(open_engine(context, plan))
             engine_started = time.monotonic()
             facts = startup_facts(engine)
             from runner.startup import verify_precision
@@ -403,15 +434,22 @@ def measure(
                 )
                 writer.append(result)
                 print_window(console, result.row, result.detail, config.slo.min_user_tok_s)
-                tracker.log_window(result, index=len(history))
-                history.append(observation(result.row, result.detail))
+                tracker.log_window(result, index=windows_logged)
+                windows_logged += 1
+                history.extend(search_history([result], relaunch))
                 fault = engine.fault()
-                if fault is not None:
+                if fault is None:
+                    continue
+                if not relaunch or relaunches >= MAX_RELAUNCHES:
                     raise EngineError(
                         f"The engine stopped serving during the window at {step.users} users "
                         f"({fault.reason}); that window is recorded as invalid. Last log lines:\n"
                         f"{engine.log_tail()}"
                     )
+                relaunches += 1
+                console.print(f"engine fault ({fault.reason}): relaunching ({relaunches}/{MAX_RELAUNCHES})")
+                engine_stack.close()
+                engine = engine_stack.enter_context(open_engine(context, plan))
             engine_seconds = time.monotonic() - engine_started
             status = "FINISHED"
         finally:

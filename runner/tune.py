@@ -102,7 +102,9 @@ def parse_space(data: Mapping[str, Any]) -> list[Param]:
                 f"The tuning space entry {key!r} needs numbers low <= high, got "
                 f"low={low!r} high={high!r}."
             )
-        space.append(Param(key, low=low, high=high, step=spec.get("step"), log=bool(spec.get("log"))))
+        space.append(
+            Param(key, low=low, high=high, step=spec.get("step"), log=bool(spec.get("log")))
+        )
     return space
 
 
@@ -131,7 +133,9 @@ def fit_to_users(space: Sequence[Param], min_num_seqs: int) -> list[Param]:
                     "search fewer users."
                 )
             low = max(param.low or 1, min_num_seqs)
-            fitted.append(Param(param.key, low=low, high=param.high, step=param.step, log=param.log))
+            fitted.append(
+                Param(param.key, low=low, high=param.high, step=param.step, log=param.log)
+            )
     return fitted
 
 
@@ -211,7 +215,9 @@ def _override_text(value: Any) -> str:
 class Tuner:
     """Composes, runs and scores one trial at a time; see the module docstring."""
 
-    def __init__(self, study: str, space: Sequence[Param], overrides: Sequence[str], results_dir: Path):
+    def __init__(
+        self, study: str, space: Sequence[Param], overrides: Sequence[str], results_dir: Path
+    ):
         self.study = study
         self.space = list(space)
         self.overrides = list(overrides)
@@ -402,7 +408,9 @@ def print_best(study: Any) -> None:
     from rich.console import Console
 
     console = Console(highlight=False, soft_wrap=True)
-    scored = [trial for trial in study.get_trials(deepcopy=False) if trial.state == TrialState.COMPLETE]
+    scored = [
+        trial for trial in study.get_trials(deepcopy=False) if trial.state == TrialState.COMPLETE
+    ]
     if not scored:
         console.print(f"study {study.study_name}: no trial scored yet")
         return
@@ -420,10 +428,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m runner.tune",
         description="Tune engine flags with Optuna: one full capacity search per trial.",
     )
-    parser.add_argument("--trials", type=int, required=True, help="total trials the study should reach")
+    parser.add_argument(
+        "--trials", type=int, required=True, help="total trials the study should reach"
+    )
     parser.add_argument("--study", required=True, help="study name; also prefixes each run id")
-    parser.add_argument("--storage", default="sqlite:///mlruns/optuna.db", help="Optuna storage URL")
-    parser.add_argument("--space", default=None, help="YAML file: config key -> {choices} or {low, high, step, log}")
+    parser.add_argument(
+        "--storage", default="sqlite:///mlruns/optuna.db", help="Optuna storage URL"
+    )
+    parser.add_argument(
+        "--space", default=None, help="YAML file: config key -> {choices} or {low, high, step, log}"
+    )
     parser.add_argument("--results-dir", default=None, help="default: results/tune/<study>")
     parser.add_argument("--seed", type=int, default=None, help="sampler seed")
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m runner")

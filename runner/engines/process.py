@@ -28,6 +28,24 @@ log = logging.getLogger("runner")
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the engine's process: get SIGTERM when runner dies, even by SIGKILL.
+
+    The engine runs in its own session (so teardown reaches its workers), which also
+    keeps it alive after a killed runner; a resumed run would then find its port
+    taken. Linux's parent-death signal closes that gap.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:  # not glibc Linux: teardown then relies on __exit__ and signals
+        pass
+
+
 def port_is_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -121,7 +139,12 @@ class ProcessEngine:
         log.info("starting engine: %s", " ".join(command))
         with self.log_path.open("ab") as handle:
             self._process = subprocess.Popen(
-                command, stdout=handle, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                command,
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         try:
             self.ready_s = wait_ready(self.base_url, self.startup_timeout_s, self.fault, self.log_tail)

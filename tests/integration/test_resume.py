@@ -47,7 +47,9 @@ def wait_until_idle(base_url: str, timeout_s: float = 120.0) -> None:
     raise AssertionError(f"the engine at {base_url} is still busy after {timeout_s:g} s")
 
 
-def test_a_killed_run_resumes_at_the_interrupted_window(vllm_server, cache_dir: Path, tmp_path: Path) -> None:
+def test_a_killed_run_resumes_at_the_interrupted_window(
+    vllm_server, cache_dir: Path, tmp_path: Path
+) -> None:
     """SIGKILL in the second window; the same command again skips the first window,
     redoes the second, measures the third, reaches the decision an uninterrupted run
     reaches from the same rows, and leaves one MLflow parent with one child per window.
@@ -55,14 +57,21 @@ def test_a_killed_run_resumes_at_the_interrupted_window(vllm_server, cache_dir: 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     results_root = tmp_path / "results"
     command = [
-        sys.executable, "-m", "runner",
-        "backend=external", f"backend.url={vllm_server.base_url}",
+        sys.executable,
+        "-m",
+        "runner",
+        "backend=external",
+        f"backend.url={vllm_server.base_url}",
         f"engine.max_model_len={served_context(vllm_server.base_url)}",
-        "search=fixed", f"search.users=[{','.join(map(str, USERS))}]",
-        "search.window_s=6", "search.warmup_s=2",
+        "search=fixed",
+        f"search.users=[{','.join(map(str, USERS))}]",
+        "search.window_s=6",
+        "search.warmup_s=2",
         f"hydra.run.dir={results_root}/${{now:%Y%m%d-%H%M%S}}",
-        f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path}/artifacts",
-        f"cache_dir={cache_dir}", f"run_id={RUN_ID}",
+        f"tracking.uri={uri}",
+        f"tracking.artifact_root={tmp_path}/artifacts",
+        f"cache_dir={cache_dir}",
+        f"run_id={RUN_ID}",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     first_log = (tmp_path / "first.log").open("w")
@@ -92,7 +101,9 @@ def test_a_killed_run_resumes_at_the_interrupted_window(vllm_server, cache_dir: 
     assert [run.info.status for run in killed_parent] == ["RUNNING"]  # SIGKILL: nothing closed it
 
     time.sleep(1.1)  # a new second, so the resumed start gets its own default folder
-    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(
+        command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     assert f"resuming run {RUN_ID}: 1 window(s) already measured" in second.stdout
 
@@ -105,7 +116,13 @@ def test_a_killed_run_resumes_at_the_interrupted_window(vllm_server, cache_dir: 
 
     params = SearchParams(kind="fixed", users=tuple(USERS), floor_tok_s=15.0)
     history = [
-        Observation(row["users"], row["aggregate_output_tok_s"], row["min_user_tok_s"], row["valid"], "coarse")
+        Observation(
+            row["users"],
+            row["aggregate_output_tok_s"],
+            row["min_user_tok_s"],
+            row["valid"],
+            "coarse",
+        )
         for row in after
     ]
     reference = decide(history, params)
@@ -128,7 +145,7 @@ def test_a_killed_run_resumes_at_the_interrupted_window(vllm_server, cache_dir: 
 def _epoch(stamp: str) -> float:
     from datetime import datetime
 
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    return datetime.fromisoformat(stamp).timestamp()
 
 
 def served_context(base_url: str) -> int:

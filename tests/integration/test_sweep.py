@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[subprocess.CompletedProcess[str], Path, str]:
+def sweep(
+    tmp_path_factory: pytest.TempPathFactory, cache_dir: Path
+) -> tuple[subprocess.CompletedProcess[str], Path, str]:
     """`python -m runner -m` with the max_num_batched_tokens sweep file, two CPU-sized
     values replacing its GPU grid: two jobs, each its own local vLLM, one after the other."""
     work = tmp_path_factory.mktemp("sweep")
@@ -29,14 +33,26 @@ def sweep(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tuple[su
     uri = f"sqlite:///{work}/mlflow.db"
     done = subprocess.run(
         [
-            sys.executable, "-m", "runner", "-m",
-            "--config-dir", str(REPO / "sweeps"), "--config-name", "max_num_batched_tokens",
+            sys.executable,
+            "-m",
+            "runner",
+            "-m",
+            "--config-dir",
+            str(REPO / "sweeps"),
+            "--config-name",
+            "max_num_batched_tokens",
             f"engine.max_num_batched_tokens={','.join(map(str, BATCHED_TOKENS))}",
-            "search=fixed", "search.users=[4]", "search.window_s=5", "search.warmup_s=2",
-            f"hydra.sweep.dir={work}/multirun", f"tracking.uri={uri}",
-            f"tracking.artifact_root={work}/artifacts", f"cache_dir={cache_dir}",
+            "search=fixed",
+            "search.users=[4]",
+            "search.window_s=5",
+            "search.warmup_s=2",
+            f"hydra.sweep.dir={work}/multirun",
+            f"tracking.uri={uri}",
+            f"tracking.artifact_root={work}/artifacts",
+            f"cache_dir={cache_dir}",
             f"engine.port={port}",
         ],
+        check=False,
         cwd=REPO,
         env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"),
         capture_output=True,
@@ -50,7 +66,9 @@ def test_each_job_is_its_own_config_id_in_mlflow(sweep) -> None:
     """Seed 004 §10: every changed server setup gets a new config_id and a restarted engine."""
     done, work, uri = sweep
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    manifests = [json.loads((work / "multirun" / str(job) / "manifest.json").read_text()) for job in (0, 1)]
+    manifests = [
+        json.loads((work / "multirun" / str(job) / "manifest.json").read_text()) for job in (0, 1)
+    ]
     assert [m["engine"]["max_num_batched_tokens"] for m in manifests] == BATCHED_TOKENS
     assert all("--max-num-batched-tokens" in m["launch"]["argv"] for m in manifests)
     client = MlflowClient(tracking_uri=uri)
@@ -68,10 +86,16 @@ def test_each_job_is_its_own_config_id_in_mlflow(sweep) -> None:
 def test_compare_lists_both_configs_in_one_family_table(sweep) -> None:
     done, work, uri = sweep
     assert done.returncode == 0, done.stderr[-3000:]
-    manifests = [json.loads((work / "multirun" / str(job) / "manifest.json").read_text()) for job in (0, 1)]
+    manifests = [
+        json.loads((work / "multirun" / str(job) / "manifest.json").read_text()) for job in (0, 1)
+    ]
     shown = subprocess.run(
         [sys.executable, "-m", "runner.compare", "--tracking-uri", uri],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        check=False,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.count("family: ") == 1
@@ -81,14 +105,13 @@ def test_compare_lists_both_configs_in_one_family_table(sweep) -> None:
         assert manifest["run_id"] in shown.stdout
 
 
-def test_the_optuna_tuner_resumes_a_killed_study(vllm_server, cache_dir: Path, tmp_path: Path) -> None:
+def test_the_optuna_tuner_resumes_a_killed_study(
+    vllm_server, cache_dir: Path, tmp_path: Path
+) -> None:
     """Seed 004 §10 as a sequential Optuna study in sqlite: SIGKILL inside a trial, the
     same command again re-runs that trial with the same flags, its search resumes
     window by window, and the trial is scored with the decision's median aggregate.
     The engine is the shared one (backend=external): the tuned flags only label it."""
-    import signal
-    import time
-
     import optuna
     from optuna.trial import TrialState
 
@@ -97,12 +120,29 @@ def test_the_optuna_tuner_resumes_a_killed_study(vllm_server, cache_dir: Path, t
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     storage = f"sqlite:///{tmp_path}/optuna.db"
     command = [
-        sys.executable, "-m", "runner.tune", "--trials", "1", "--study", "cpu-tune",
-        "--storage", storage, "--space", str(space), "--results-dir", str(tmp_path / "tune"),
-        "backend=external", f"backend.url={vllm_server.base_url}",
+        sys.executable,
+        "-m",
+        "runner.tune",
+        "--trials",
+        "1",
+        "--study",
+        "cpu-tune",
+        "--storage",
+        storage,
+        "--space",
+        str(space),
+        "--results-dir",
+        str(tmp_path / "tune"),
+        "backend=external",
+        f"backend.url={vllm_server.base_url}",
         f"engine.max_model_len={served_context(vllm_server.base_url)}",
-        "search=fixed", "search.users=[4,6]", "search.window_s=4", "search.warmup_s=1",
-        f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path}/artifacts", f"cache_dir={cache_dir}",
+        "search=fixed",
+        "search.users=[4,6]",
+        "search.window_s=4",
+        "search.warmup_s=1",
+        f"tracking.uri={uri}",
+        f"tracking.artifact_root={tmp_path}/artifacts",
+        f"cache_dir={cache_dir}",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
     with (tmp_path / "first.log").open("w") as log:
@@ -116,7 +156,9 @@ def test_the_optuna_tuner_resumes_a_killed_study(vllm_server, cache_dir: Path, t
         os.kill(first.pid, signal.SIGKILL)
         first.wait(timeout=30)
 
-    second = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    second = subprocess.run(
+        command, check=False, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+    )
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
 
     study = optuna.load_study(study_name="cpu-tune", storage=storage)

@@ -94,7 +94,9 @@ def test_overrides_quote_strings_and_lists() -> None:
 
 
 def test_integer_ranges_suggest_integers() -> None:
-    space = parse_space({"engine.max_num_batched_tokens": {"low": 1024, "high": 16384, "step": 1024}})
+    space = parse_space(
+        {"engine.max_num_batched_tokens": {"low": 1024, "high": 16384, "step": 1024}}
+    )
     values = suggest(FixedTrial({"engine.max_num_batched_tokens": 6144}), space)
     assert values == {"engine.max_num_batched_tokens": 6144}
     assert isinstance(values["engine.max_num_batched_tokens"], int)
@@ -162,7 +164,9 @@ def sweep_jobs(name: str, extra: list[str]) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("name", SWEEP_NAMES)
-def test_every_sweep_job_is_a_valid_gpu_run_with_its_own_config_id(name: str, tmp_path: Path) -> None:
+def test_every_sweep_job_is_a_valid_gpu_run_with_its_own_config_id(
+    name: str, tmp_path: Path
+) -> None:
     """Seed 004 §10: every changed server setup is a new config_id, and max-num-seqs
     stays at or above every user count the search tries."""
     jobs = sweep_jobs(name, RECIPE)
@@ -172,7 +176,12 @@ def test_every_sweep_job_is_a_valid_gpu_run_with_its_own_config_id(name: str, tm
         with initialize_config_dir(config_dir=str(SWEEPS), version_base="1.3"):
             cfg = compose(
                 name,
-                overrides=[f"hydra.searchpath=[file://{config_dir()}]", f"results.dir={tmp_path}", *RECIPE, *job],
+                overrides=[
+                    f"hydra.searchpath=[file://{config_dir()}]",
+                    f"results.dir={tmp_path}",
+                    *RECIPE,
+                    *job,
+                ],
             )
         config = build_config(to_plain(cfg))
         validate.validate(config)
