@@ -489,13 +489,17 @@ def report_facts(context: RunContext) -> dict[str, Any]:
         kv = f"{kv} ({startup['kv_cache_size_tokens']:,.0f} tokens)"
     return {
         "model_repo": config.model.repo,
-        "model_commit": config.model.revision,
+        "model_commit": config.model.revision or context.manifest.get("model_revision", {}).get("source"),
         "gpu": preflight.get("summary") or (config.hw.gpu_name if config.hw else "none (CPU)"),
         "host": context.manifest.get("host", {}).get("platform"),
         "vllm_version": startup.get("vllm_version") or config.image.vllm_version,
         "image": config.image.reference if config.backend.kind == "docker" else f"local process ({config.backend.kind})",
         "driver_version": preflight.get("driver_version"),
-        "quantization": startup.get("engine_quantization"),
+        "quantization": (
+            "none (unquantized weights)"
+            if startup.get("engine_quantization") in ("None", "none")
+            else startup.get("engine_quantization")
+        ),
         "kv_cache": kv,
         "context_distribution": f"equal {totals} total tokens, {config.workload.max_tokens} output",
         "workload_hash": context.manifest.get("workload", {}).get("sha256"),
