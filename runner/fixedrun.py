@@ -331,7 +331,6 @@ def execute_fixed(
     """Seed 000's benchmark end to end, for a prepared :class:`runner.run.RunContext`."""
     from runner import run
     from runner.startup import verify_precision
-    from runner.tracking import Tracker, config_params
 
     config = context.config
     prompts, sha = build_benchmark_workload(config, host_model_dir, context.results_dir)
@@ -342,19 +341,11 @@ def execute_fixed(
         "prompts": len(prompts),
     }
     context.write_manifest()
-    api_key = os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
+    api_key = run.engine_api_key(config)
     row: BenchmarkRow | None = None
     status = "FAILED"
     with ExitStack() as stack:
-        tracker = stack.enter_context(
-            Tracker(
-                config.tracking,
-                run_id=context.run_id,
-                config_id=context.config_id,
-                tags={**run.tracking_tags(context), "runner.mode": "benchmark"},
-                params=config_params(config),
-            )
-        )
+        tracker = stack.enter_context(run.open_tracker(context, **{"runner.mode": "benchmark"}))
         try:
             engine = stack.enter_context(run.open_engine(context, plan))
             facts = run.startup_facts(engine)

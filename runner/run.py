@@ -187,14 +187,31 @@ def _python() -> str:
     return sys.executable
 
 
+def engine_api_key(config: RunConfig) -> str | None:
+    """The engine's API key, read from the variable the config names (never stored)."""
+    return os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
+
+
+def open_tracker(context: RunContext, **extra_tags: str) -> Any:
+    """The MLflow parent run of this search (or benchmark), tagged with its identity."""
+    from runner.tracking import Tracker, config_params
+
+    return Tracker(
+        context.config.tracking,
+        run_id=context.run_id,
+        config_id=context.config_id,
+        tags={**tracking_tags(context), **extra_tags},
+        params=config_params(context.config),
+    )
+
+
 def open_engine(context: RunContext, plan: LaunchPlan) -> ContextManager[RunningEngine]:
     config = context.config
     if config.backend.kind == "external":
         from runner.engines.external import ExternalEngine
 
         assert config.backend.url is not None
-        api_key = os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
-        return ExternalEngine(config.backend.url, api_key=api_key)
+        return ExternalEngine(config.backend.url, api_key=engine_api_key(config))
     if config.backend.kind == "docker":
         from runner.engines.docker import DockerEngine
 
@@ -371,28 +388,18 @@ def measure(
     from runner.protocol import run_window
     from runner.smoke import run_smoke
     from runner.results import ResultsWriter, print_window
-    from runner.tracking import Tracker, config_params
-
     config = context.config
     params = SearchParams.from_config(config.search, config.slo)
     done = prior_windows(context.results_dir, context.run_id)
     relaunch = config.backend.on_engine_fault == "relaunch"
     history = search_history(done, relaunch)
     writer = ResultsWriter(context.results_dir)
-    api_key = os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
+    api_key = engine_api_key(config)
     started = time.monotonic()
     engine_seconds = 0.0
     status = "FAILED"
     with ExitStack() as stack:
-        tracker = stack.enter_context(
-            Tracker(
-                config.tracking,
-                run_id=context.run_id,
-                config_id=context.config_id,
-                tags=tracking_tags(context),
-                params=config_params(config),
-            )
-        )
+        tracker = stack.enter_context(open_tracker(context))
         for index, result in enumerate(done):
             # A run killed between writing a row and logging it left MLflow one short;
             # windows MLflow already holds are skipped, so nothing is logged twice.
@@ -606,7 +613,10 @@ def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> dict[str
     if config.backend.kind == "docker":
         line = launch.docker_run_line(plan, config.backend)
         console.print("\nequivalent command:\n" + line, markup=False, highlight=False, soft_wrap=True)
-    pin = "pinned" if config.image.pinned else "UNPINNED (results would be tagged unpinned)"
+    if config.backend.kind == "docker":
+        pin = "pinned" if config.image.pinned else "UNPINNED (results would be tagged unpinned)"
+    else:
+        pin = f"not used (backend={config.backend.kind})"
     console.print(
         f"\nconfig_id={context.config_id} family={context.family} image={pin} flags: {flags_state}",
         markup=False,
