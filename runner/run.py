@@ -247,6 +247,10 @@ def startup_facts(engine: RunningEngine) -> dict[str, Any]:
         facts.update(facts_from_cache_config(parse_metrics(text).cache_config))
     except httpx.HTTPError as exc:
         log.warning("could not read /metrics for start-up facts: %s", exc)
+    for name in ("image_id", "repo_digests"):
+        # The image the Docker engine really ran, read back from it (issue: pinned, proven).
+        if getattr(engine, name, None):
+            facts[name] = getattr(engine, name)
     ready_s = getattr(engine, "ready_s", None)
     if ready_s is not None:
         facts["ready_s"] = round(ready_s, 1)

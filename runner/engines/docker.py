@@ -179,6 +179,7 @@ class DockerEngine:
         self.log_path: Path | None = Path(log_dir) / "engine.log"
         self.base_url = ""
         self.image_id: str | None = None
+        self.ready_s: float | None = None
         self.repo_digests: list[str] = []
         self.container: Any = None
         self._client = client
@@ -320,7 +321,8 @@ class DockerEngine:
 
     def _wait_ready(self) -> None:
         timeout_s = self.config.backend.startup_timeout_s
-        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        deadline = started + timeout_s
         with httpx.Client(timeout=5.0) as http:
             while time.monotonic() < deadline:
                 fault = self.fault()
@@ -333,7 +335,8 @@ class DockerEngine:
                     )
                 try:
                     if http.get(f"{self.base_url}/health").status_code == 200:
-                        log.info("engine ready at %s", self.base_url)
+                        self.ready_s = time.monotonic() - started
+                        log.info("engine ready at %s after %.1f s", self.base_url, self.ready_s)
                         return
                 except httpx.HTTPError:
                     pass  # not listening yet

@@ -69,6 +69,8 @@ def test_a_short_search_runs_in_a_container_and_leaves_nothing(tmp_path: Path, c
     assert manifest["flags"].startswith(f"checked against {ENGINE_IMAGE}")
     assert "docker run" in manifest["launch"]["docker_run"]
     assert manifest["startup"]["kv_cache_size_tokens"] > 0
+    assert manifest["startup"]["image_id"] == client.images.get(ENGINE_IMAGE).id
+    assert manifest["startup"]["ready_s"] > 0
     assert labelled(client, run_id) == []
 
 
