@@ -41,7 +41,6 @@ cannot be measured is None, never 0.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import os
@@ -56,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from rich.console import Console
 
+from runner import transport
 from runner.config import RunConfig
 from runner.engines.base import LaunchPlan, RunningEngine
 from runner.errors import ConfigError, EngineError, TrackingError
@@ -253,7 +253,7 @@ def measure_benchmark(
     api_key: str | None = None,
 ) -> BenchmarkMeasurement:
     """Run the load described in the module docstring; the engine is idle afterwards."""
-    return asyncio.run(_measure(engine, config, prompts, api_key))
+    return transport.run(_measure(engine, config, prompts, api_key))
 
 
 async def _measure(

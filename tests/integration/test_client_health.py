@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from runner.clienthealth import CLIENT_BUSY_CPU_PCT
 from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
@@ -65,8 +66,10 @@ def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server,
     assert users <= client["open_connections"] <= users + 1
     assert client["loop_lag_p99_ms"] is not None and client["loop_lag_p99_ms"] >= 0
     assert client["cpu_pct"] > 0
-    # seed 004 §7's 15 tok/s floor: one token gap, 66.7 ms, is the default lag limit.
-    assert client["kept_up"] == (client["loop_lag_p99_ms"] <= 1000.0 / 15.0)
+    # seed 004 §7's 15 tok/s floor: one token gap, 66.7 ms, is the default lag limit; a
+    # client lagging while nearly idle is held off by the engine on the same cores.
+    fell_behind = client["loop_lag_p99_ms"] > 1000.0 / 15.0 and client["cpu_pct"] >= CLIENT_BUSY_CPU_PCT
+    assert client["kept_up"] == (not fell_behind)
     assert result.row.valid == (client["kept_up"] and not detail.invalid_reasons), detail
     # Healthy streams: about one token per read, TPOT and ITL present beside the flag.
     assert detail.extra["bursty"] is False
