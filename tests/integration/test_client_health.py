@@ -54,6 +54,10 @@ def measure(server, users: int, config: RunConfig):
     )
 
 
+# Loop lag under which the client reads each streamed event on its own.
+QUIET_LOOP_MS = 20.0
+
+
 @pytest.mark.parametrize("users", [1, 8, 64])
 def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server, users) -> None:
     """seed 004 §7: client and server token counts agree within 1% (aim 0.1%) and the
@@ -71,12 +75,17 @@ def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server,
     fell_behind = client["loop_lag_p99_ms"] > 1000.0 / 15.0 and client["cpu_pct"] >= CLIENT_BUSY_CPU_PCT
     assert client["kept_up"] == (not fell_behind)
     assert result.row.valid == (client["kept_up"] and not detail.invalid_reasons), detail
-    # Healthy streams: about one token per read, TPOT and ITL present beside the flag.
-    assert detail.extra["bursty"] is False
-    assert detail.extra["tokens_per_chunk_mean"] < 2.0
     assert detail.extra["tpot_p50_ms"] > 0 and detail.extra["itl_p99_ms"] > 0
+    assert detail.extra["bursty"] == (detail.extra["burst_share"] > BURSTY_WINDOW_SHARE)
+    if users == 1 and client["loop_lag_p99_ms"] <= QUIET_LOOP_MS:
+        # One stream, read by a client that wakes on time, arrives about one token per
+        # read: not bursty. Under load vLLM's frontend merges the deltas it could not
+        # send yet, and a client held off by the engine on the same cores reads several
+        # events at once: then the flag rightly says the ITL figures are coarse.
+        assert detail.extra["bursty"] is False, detail.extra
+        assert detail.extra["tokens_per_chunk_mean"] < 2.0, detail.extra
+        assert "BURSTY" not in console_line(result.row, detail)
     assert detail.extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s
-    assert "BURSTY" not in console_line(result.row, detail)
 
 
 def test_an_overloaded_window_queues_but_does_not_burst_on_vllm_cpu(vllm_server) -> None:
