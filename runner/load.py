@@ -37,7 +37,6 @@ log = logging.getLogger("runner")
 # server yields a handful of error records instead of a hot loop of thousands.
 ERROR_BACKOFF_S = 0.5
 COMPLETIONS_PATH = "/v1/completions"
-TOKEN_IDS_KEY = b'"token_ids":['
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -227,7 +226,6 @@ class LoadGenerator:
             record.finished_at = time.monotonic()
 
     async def _stream(self, client: httpx.AsyncClient, record: RequestRecord, body: bytes) -> None:
-        times, tokens = record.chunk_times, record.chunk_tokens
         async with client.stream("POST", COMPLETIONS_PATH, content=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
@@ -239,31 +237,9 @@ class LoadGenerator:
                 arrived = time.monotonic()
                 lines = (pending + data).split(b"\n") if pending else data.split(b"\n")
                 pending = lines.pop()
-                received = 0
-                for line in lines:
-                    # Fast path, nearly every line: a token chunk. JSON escapes every
-                    # quote inside a string, so the key cannot be matched inside "text".
-                    at = line.find(TOKEN_IDS_KEY)
-                    if at >= 0:
-                        ids = line[at + len(TOKEN_IDS_KEY) : line.index(b"]", at)]
-                        if ids.strip():
-                            received += ids.count(b",") + 1
-                        continue
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    self._other_event(record, json.loads(payload))
-                if received:
-                    # One chunk per read: the tokens that reached the client together.
-                    # Events a lagging server or client batched into one read share
-                    # one arrival, which is how bursts show (seed 000).
-                    if record.first_token_at is None:
-                        record.first_token_at = arrived
-                    times.append(arrived)
-                    tokens.append(received)
+                received, saw_done = lean.scan_events(lines, record, self._other_event)
+                done = done or saw_done
+                lean.add_read(record, arrived, received)
             if not done and record.error is None:
                 record.error = "stream ended without [DONE]"
 
