@@ -119,7 +119,9 @@ def remove_run_containers(run_id: str, client: Any = None) -> int:
     """Force-remove every container labelled with ``run_id``; returns how many."""
     client = client or connect()
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_RUN}={run_id}"}):
+    # A container removed between the listing and its inspection is skipped, not an error.
+    labelled = {"label": f"{LABEL_RUN}={run_id}"}
+    for container in client.containers.list(all=True, ignore_removed=True, filters=labelled):
         try:
             container.remove(force=True)
             removed += 1

@@ -74,7 +74,9 @@ def docker_config() -> RunConfig:
 
 
 def run_containers(client, run_id: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"runner.run_id={run_id}"})
+    # ignore_removed: a container may go between the listing and its inspection.
+    label = {"label": f"runner.run_id={run_id}"}
+    return client.containers.list(all=True, ignore_removed=True, filters=label)
 
 
 def new_run_id() -> str:

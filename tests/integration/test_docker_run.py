@@ -47,7 +47,9 @@ def runner_command(work: Path, cache_dir: Path, run_id: str, users: str) -> list
 
 
 def labelled(client, run_id: str) -> list:
-    return client.containers.list(all=True, filters={"label": f"runner.run_id={run_id}"})
+    # ignore_removed: a container may go between the listing and its inspection.
+    label = {"label": f"runner.run_id={run_id}"}
+    return client.containers.list(all=True, ignore_removed=True, filters=label)
 
 
 def rows(path: Path) -> list[dict]:
