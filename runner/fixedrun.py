@@ -112,6 +112,7 @@ class BenchmarkRow:
     tpot_median_ms: float | None
     bursty: bool | None  # TPOT times token bursts, not decode (seed 000's 0.0 ms)
     burst_share: float | None  # share of the judged streams that arrived in bursts
+    burst_source: str | None  # who merged the tokens: "server", "client" or both
     server_prompt_tokens: int | None  # vLLM's own counters over the run
     server_output_tokens: int | None
 
@@ -170,6 +171,7 @@ def summarize_benchmark(
         tpot_median_ms=streams.get("tpot_p50_ms"),
         bursty=streams.get("bursty"),
         burst_share=streams.get("burst_share"),
+        burst_source=streams.get("burst_source"),
         server_prompt_tokens=_counter_delta(m.server_start, m.server_end, "prompt_tokens_total"),
         server_output_tokens=_counter_delta(
             m.server_start, m.server_end, "generation_tokens_total"
@@ -195,7 +197,12 @@ def console_line(row: BenchmarkRow) -> str:
         f"decode {_figure(row.decode_tok_s, 1, 'tok/s')} (aggregate), "
         f"median TTFT {_figure(row.ttft_median_ms, 1, 'ms')}, "
         f"median TPOT {_figure(row.tpot_median_ms, 1, 'ms')}"
-        + (" (bursty streams: TPOT times bursts, not decode)" if row.bursty else "")
+        + (
+            f" (bursty streams, merged by the {row.burst_source or 'server or client'}: "
+            "TPOT times bursts, not decode)"
+            if row.bursty
+            else ""
+        )
     )
 
 

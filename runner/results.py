@@ -132,8 +132,10 @@ def console_line(
     ]
     if detail is not None and detail.extra.get("bursty"):
         # Streams arrived in bursts: per-token latencies of this window mislead (seed 000).
-        # Before the verdict, which stays last for the colouring in print_window.
-        parts.append("BURSTY")
+        # Before the verdict, which stays last for the colouring in print_window; with
+        # the source when it is known: the server merged the tokens, or the client.
+        source = detail.extra.get("burst_source")
+        parts.append(f"BURSTY({source})" if source else "BURSTY")
     if passes(row, floor):
         return " ".join([*parts, "PASS"])
     if not row.valid:

@@ -8,7 +8,13 @@ and how many token IDs it carried. From it come
 * the time per output token (TPOT): first chunk to last chunk, divided by the tokens
   that arrived after the first chunk (those generated before it arrived are not
   timed by that span);
-* the tokens per chunk, which says whether those two figures time tokens at all.
+* the tokens per chunk, which says whether those two figures time tokens at all;
+* where a burst came from: a chunk is one read, so its tokens are the tokens per SSE
+  event (the server merged deltas it had not sent yet, or buffered them with
+  ``--stream-interval``) times the events per read (the client took several events in
+  at once because it woke late). The larger factor names the source, ``server`` or
+  ``client``: a server burst is the engine's behaviour, a client burst is runner's own
+  measurement falling behind.
 
 Seed 000 reports "TPOT reads 0.0 ms" under overload: a queued stream's tokens
 arrived in one burst right before it finished, so its first token landed about when
@@ -55,6 +61,8 @@ class Chunked(Protocol):
 
     chunk_times: Sequence[float]
     chunk_tokens: Sequence[int]
+    # Optional: the SSE events that carried token IDs (0 or absent when not counted).
+    # token_events: int
 
 
 @dataclass(frozen=True)
@@ -69,6 +77,13 @@ class StreamTiming:
     median_tokens_per_chunk: float | None
     judged: bool
     bursty: bool
+    events: int | None = None  # SSE events with token IDs; None when not counted
+    burst_source: str | None = None  # "server" or "client" for a bursty stream
+
+
+def _burst_source(tokens: int, events: int, chunks: int) -> str:
+    """Which merged more: the server (tokens per event) or the client (events per read)."""
+    return "server" if tokens / events >= events / chunks else "client"
 
 
 def _as_arrays(stream: Chunked) -> tuple[np.ndarray, np.ndarray]:
@@ -95,6 +110,7 @@ def stream_timing(stream: Chunked) -> StreamTiming:
         largest_share > BURST_LARGEST_CHUNK_SHARE
         or median_per_chunk >= BURST_MEDIAN_TOKENS_PER_CHUNK
     )
+    events = getattr(stream, "token_events", 0) or None
     return StreamTiming(
         tokens=total,
         chunks=chunks,
@@ -104,7 +120,18 @@ def stream_timing(stream: Chunked) -> StreamTiming:
         median_tokens_per_chunk=median_per_chunk,
         judged=judged,
         bursty=bursty,
+        events=events,
+        burst_source=_burst_source(total, events, chunks) if bursty and events else None,
     )
+
+
+def _window_burst_source(timings: Sequence[StreamTiming]) -> str | None:
+    """The source of most bursty streams; "server+client" on a tie, None if unknown."""
+    server = sum(1 for t in timings if t.burst_source == "server")
+    client = sum(1 for t in timings if t.burst_source == "client")
+    if server == client:
+        return "server+client" if server else None
+    return "server" if server > client else "client"
 
 
 def _ms(values: np.ndarray, q: float) -> float | None:
@@ -126,6 +153,8 @@ def summarize_streams(streams: Sequence[Chunked], decode_tok_s_aggregate: float)
     gaps = np.concatenate([t.gaps_s for t in timings]) if timings else np.empty(0)
     tokens = sum(t.tokens for t in timings)
     chunks = sum(t.chunks for t in timings)
+    counted = [t for t in timings if t.events]
+    counted_events = sum(t.events or 0 for t in counted)
     return {
         "tpot_p50_ms": _ms(tpots, 50),
         "itl_p50_ms": _ms(gaps, 50),
@@ -134,7 +163,14 @@ def summarize_streams(streams: Sequence[Chunked], decode_tok_s_aggregate: float)
         "burst_share": burst_share,
         "bursty_requests": bursty,
         "judged_requests": len(judged),
+        "burst_source": _window_burst_source(judged),
         "tokens_per_chunk_mean": tokens / chunks if chunks else None,
+        "tokens_per_event_mean": (
+            sum(t.tokens for t in counted) / counted_events if counted_events else None
+        ),
+        "events_per_read_mean": (
+            counted_events / sum(t.chunks for t in counted) if counted_events else None
+        ),
         "largest_chunk_share_p50": (
             float(np.median([t.largest_chunk_share for t in judged])) if judged else None
         ),

@@ -261,6 +261,7 @@ def scan_events(
             ids = piece[at + len(TOKEN_IDS_KEY) : piece.index(b"]", at)]
             if ids.strip():
                 received += ids.count(b",") + 1
+                record.token_events += 1
             continue
         for line in piece.split(b"\n"):
             if not line.startswith(b"data:"):

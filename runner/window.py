@@ -46,6 +46,9 @@ class RequestRecord:
     finished_at: float | None = None
     chunk_times: array = field(default_factory=lambda: array("d"))
     chunk_tokens: array = field(default_factory=lambda: array("I"))
+    # SSE events that carried token IDs: against the tokens, how much the server merged
+    # per event; against the reads, how many events the client took in at once.
+    token_events: int = 0
     error: str | None = None
     usage_completion_tokens: int | None = None
 

@@ -1,14 +1,18 @@
 """The client's own health and the burst flag on real vLLM CPU windows.
 
 Seed 004 §7 (window audit), seed 000 (TPOT 0.0 ms from bursty streams). Observed on
-vLLM 0.32 CPU: overload (more users than ``--max-num-seqs``) queues requests and then
-streams them token by token, so it does not reproduce seed 000's bursts; what does
-deliver a real engine's tokens in lumps is ``--stream-interval``, which buffers that
-many tokens per event. Both are measured here.
+vLLM 0.32 CPU: overload (more users than ``--max-num-seqs``) queues requests; on a
+quiet machine it then streams them token by token, on a busy one its frontend merges
+deltas, so seed 000's bursts come and go with the machine. What always delivers a
+real engine's tokens in lumps is ``--stream-interval``, which buffers that many tokens
+per event. Both are measured here.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -19,7 +23,9 @@ from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
 from runner.protocol import run_window, wait_idle
 from runner.results import console_line
-from runner.streams import BURSTY_WINDOW_SHARE
+from runner.streams import BURSTY_WINDOW_SHARE, stream_timing, summarize_streams
+from runner.transport import Endpoint, StreamConnection
+from runner.window import RequestRecord
 from runner.workload import build_prompts, load_tokenizer
 from tests.conftest import compose
 from tests.integration.conftest import TINY_CONTEXT, Server, free_port
@@ -88,19 +94,24 @@ def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server,
     assert detail.extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s
 
 
-def test_an_overloaded_window_queues_but_does_not_burst_on_vllm_cpu(vllm_server) -> None:
-    """seed 000: twice the engine's 256 sequences. vLLM CPU queues the excess
-    (TTFT grows) and still streams each admitted request token by token, so unless the
-    client itself fell behind and read many events at once, the window is not bursty."""
+def test_an_overloaded_window_queues_and_says_whether_its_streams_arrived_in_lumps(
+    vllm_server,
+) -> None:
+    """seed 000: twice the engine's 256 sequences. vLLM CPU queues the excess (the
+    waiting queue fills). Whether the admitted streams then arrive token by token
+    depends on whether vLLM's frontend and the client keep pace on the cores they share
+    with the engine: on a quiet machine they do, on a busy one the frontend merges the
+    deltas it could not send yet. Either way the window must say which it was, on the
+    console too, and report the aggregate decode rate beside the TPOT/ITL figures."""
     config = window_config(vllm_server.served_name, window_s=6.0, max_tokens=32)
     result = measure(vllm_server, 512, config)
     extra = result.detail.extra
     assert extra["queue"]["waiting_max"] > 0  # really overloaded
+    assert extra["judged_requests"] > 0
     assert extra["bursty"] == (extra["burst_share"] > BURSTY_WINDOW_SHARE)
-    if extra["client"]["kept_up"]:
-        assert extra["bursty"] is False, extra
-        assert extra["tokens_per_chunk_mean"] < 2.0, extra
-    else:
+    assert ("BURSTY" in console_line(result.row, result.detail)) == extra["bursty"]
+    assert extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s > 0
+    if not extra["client"]["kept_up"]:
         assert not result.row.valid
         assert any("could not keep up" in r for r in result.detail.invalid_reasons)
     wait_idle(vllm_server.base_url, 300)
@@ -141,4 +152,51 @@ def test_a_window_whose_tokens_arrive_in_lumps_carries_the_burst_flag(lumped_ser
     assert extra["tokens_per_chunk_mean"] >= STREAM_INTERVAL / 2
     assert extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s > 0
     assert result.detail.audit_delta_pct <= 1.0  # the counts still agree: only timing lies
-    assert " BURSTY " in console_line(result.row, result.detail)
+    # The server packed the tokens (--stream-interval), not the client's reads.
+    assert extra["burst_source"] == "server", extra
+    assert extra["tokens_per_event_mean"] >= STREAM_INTERVAL / 2
+    assert " BURSTY(server) " in console_line(result.row, result.detail)
+
+
+def test_a_client_that_wakes_late_reads_events_in_lumps_and_the_flag_blames_it(
+    vllm_server,
+) -> None:
+    """seed 000's TPOT of 0.0 ms can be the client's own doing: a loop held up (here
+    for 0.3 s at a time) finds many of the server's one-token events waiting and reads
+    them at once. The stream is bursty and its source is the client, not the engine."""
+
+    async def stream_while_stalling() -> RequestRecord:
+        endpoint = Endpoint(vllm_server.base_url, "/v1/completions", {})
+        connection = StreamConnection(endpoint, lambda record, event: None)
+        body = {
+            "model": vllm_server.served_name,
+            "prompt": list(range(1, 33)),
+            "max_tokens": 96,
+            "min_tokens": 96,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
+        record = RequestRecord(user=0, bucket_total=128, prompt_id="p", dispatched_at=0.0)
+
+        async def stall() -> None:
+            while record.finished_at is None:
+                time.sleep(0.3)  # blocks the loop, as a starved client would be
+                await asyncio.sleep(0)
+
+        staller = asyncio.create_task(stall())
+        try:
+            await connection.stream(record, endpoint.request(json.dumps(body).encode()))
+        finally:
+            record.finished_at = time.monotonic()
+            await staller
+            connection.close()
+        return record
+
+    record = asyncio.run(stream_while_stalling())
+    assert record.error is None and record.tokens == 96
+    timing = stream_timing(record)
+    assert timing.bursty and timing.burst_source == "client", timing
+    summary = summarize_streams([record], decode_tok_s_aggregate=1.0)
+    assert summary["burst_source"] == "client"
+    assert summary["events_per_read_mean"] > summary["tokens_per_event_mean"]

@@ -84,6 +84,7 @@ def test_chunked_stream_any_split_every_token_and_reused_connection(write_size: 
     for record in records:
         assert record.error is None
         assert record.tokens == 2 * TOKENS == record.usage_completion_tokens
+        assert record.token_events == TOKENS  # two token IDs per event
         assert record.first_token_at == record.chunk_times[0]
     assert seen[0].startswith(b"POST /base/v1/completions HTTP/1.1\r\n")
     assert b"\r\nX-Key: k\r\n" in seen[0] and seen[0].endswith(b'\r\n\r\n{"n":1}')

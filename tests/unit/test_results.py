@@ -181,6 +181,8 @@ def test_console_line_marks_a_bursty_window_before_its_verdict() -> None:
         "request_latency_p99_ms=31000.0 BURSTY PASS"
     )
     assert "BURSTY" not in console_line(make_row(), steady, floor=15.0)
+    blamed = dataclasses.replace(make_detail(), extra={"bursty": True, "burst_source": "client"})
+    assert console_line(make_row(), blamed, floor=15.0).endswith(" BURSTY(client) PASS")
     console = Console(record=True, width=300, color_system=None)
     print_window(console, make_row(), bursty, floor=15.0)
     assert console.export_text().strip().endswith("BURSTY PASS")

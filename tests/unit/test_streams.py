@@ -20,6 +20,7 @@ from runner.streams import (
 class Stream:
     chunk_times: array = field(default_factory=lambda: array("d"))
     chunk_tokens: array = field(default_factory=lambda: array("I"))
+    token_events: int = 0
 
 
 def stream(chunks: list[tuple[float, int]]) -> Stream:
@@ -118,3 +119,44 @@ def test_a_window_without_streams_is_unavailable_not_zero() -> None:
     summary = summarize_streams([], 0.0)
     assert summary["tpot_p50_ms"] is None and summary["itl_p99_ms"] is None
     assert summary["burst_share"] is None and summary["bursty"] is False
+
+
+def test_a_burst_of_merged_events_is_the_servers() -> None:
+    """Four events of 16 tokens, one per read: the server packed them (seed 000)."""
+    packed = stream([(1.0 + i * 0.3, 16) for i in range(4)])
+    packed.token_events = 4
+    timing = stream_timing(packed)
+    assert timing.bursty and timing.events == 4 and timing.burst_source == "server"
+
+
+def test_a_burst_of_one_token_events_read_together_is_the_clients() -> None:
+    """64 one-token events taken in by two reads: the client woke late."""
+    lumped = stream([(1.0, 1), (2.0, 63)])
+    lumped.token_events = 64
+    timing = stream_timing(lumped)
+    assert timing.bursty and timing.burst_source == "client"
+
+
+def test_uncounted_events_and_steady_streams_name_no_source() -> None:
+    assert stream_timing(burst_at_end()).burst_source is None  # events not counted
+    smooth = steady(64)
+    smooth.token_events = 64
+    assert stream_timing(smooth).burst_source is None  # not bursty
+
+
+def test_the_window_names_the_source_of_most_bursty_streams() -> None:
+    def counted(chunks: list[tuple[float, int]], events: int) -> Stream:
+        s = stream(chunks)
+        s.token_events = events
+        return s
+
+    server = counted([(1.0, 16), (2.0, 16)], 2)
+    client = counted([(1.0, 1), (2.0, 31)], 32)
+    healthy = counted([(1.0 + i * 0.02, 1) for i in range(32)], 32)
+    summary = summarize_streams([server, server, client, healthy], 1.0)
+    assert summary["burst_source"] == "server"
+    assert summary["tokens_per_event_mean"] == pytest.approx(128 / 68)
+    assert summary["events_per_read_mean"] == pytest.approx(68 / 38)
+    assert summarize_streams([server, client], 1.0)["burst_source"] == "server+client"
+    assert summarize_streams([healthy], 1.0)["burst_source"] is None
+    assert summarize_streams([steady(64)], 1.0)["tokens_per_event_mean"] is None
