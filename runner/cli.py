@@ -7,9 +7,11 @@ paragraph on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
+import difflib
 import fcntl
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -22,7 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
-from runner.config import build_config
+from runner.config import build_config, known_keys
 from runner.errors import ConfigError, RunnerError
 
 log = logging.getLogger("runner")
@@ -133,7 +135,54 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def check_composes(args: list[str]) -> None:
+    """Compose the config as Hydra is about to, so that an override Hydra refuses (a
+    mistyped key or option) ends as runner's one paragraph instead of Hydra's report.
+
+    Only for a plain single run: with any Hydra flag (``-m``, ``--cfg``, ``-cn``, ...)
+    Hydra's own handling stays in charge. Raises :class:`ConfigError`.
+    """
+    if any(arg.startswith("-") for arg in args):
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+            compose(config_name="runner", overrides=args)
+    except HydraException as exc:
+        raise ConfigError(_override_paragraph(exc, args)) from exc
+
+
+def _override_paragraph(exc: Exception, args: list[str]) -> str:
+    message = " ".join(str(exc).split("Config search path:")[0].split())
+    cause = str(exc.__cause__ or "")
+    hint = (
+        "`python -m runner --help` lists every group's options and "
+        "`python -m runner --cfg job` every key"
+    )
+    found = re.search(r"Could not override '([^']+)'", message)
+    if found and "not in struct" in cause:
+        *parent, key = found.group(1).split(".")
+        close = difflib.get_close_matches(key, known_keys(parent), n=1)
+        named = ".".join([*parent, key])
+        message = f"'{named}' is not a key runner knows"
+        if close:
+            message += f" (did you mean {'.'.join([*parent, close[0]])}?)"
+        hint = "`python -m runner --cfg job` lists every key"
+    return (
+        f"The command line does not compose into a config: {message.rstrip('. ')}. "
+        f"{hint}; nothing was started."
+    )
+
+
 def main() -> None:
+    try:
+        check_composes(sys.argv[1:])
+    except RunnerError as exc:
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
+        sys.exit(exc.exit_code)
     app()
 
 

@@ -7,7 +7,9 @@ Cross-group rules live in :mod:`runner.validate`; this module only checks shapes
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import difflib
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -260,6 +262,7 @@ def build_config(data: dict[str, Any]) -> RunConfig:
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            + (_did_you_mean(error["loc"]) if error["type"] == "extra_forbidden" else "")
             for error in exc.errors()
         )
         raise ConfigError(
@@ -267,3 +270,36 @@ def build_config(data: dict[str, Any]) -> RunConfig:
             "Check the spelling of the key in your YAML or override; unknown keys are "
             "refused so that a typo never silently falls back to a default."
         ) from exc
+
+
+def known_keys(path: Sequence[str | int]) -> list[str]:
+    """The keys runner's schema allows under ``path`` (e.g. ``("engine",)``); [] if none."""
+    model: Any = RunConfig
+    for part in path:
+        if isinstance(part, int):
+            continue  # an item of a list of models, e.g. workload.buckets[0]
+        field = model.model_fields.get(part) if _is_model(model) else None
+        if field is None:
+            return []
+        model = _model_in(field.annotation)
+    return list(model.model_fields) if _is_model(model) else []
+
+
+def _is_model(kind: Any) -> bool:
+    return isinstance(kind, type) and issubclass(kind, BaseModel)
+
+
+def _model_in(annotation: Any) -> Any:
+    """The model class inside ``X``, ``X | None`` or ``list[X]``, if any."""
+    if _is_model(annotation):
+        return annotation
+    for arg in get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _did_you_mean(loc: Sequence[str | int]) -> str:
+    close = difflib.get_close_matches(str(loc[-1]), known_keys(loc[:-1]), n=1)
+    return f" (did you mean {'.'.join(map(str, [*loc[:-1], close[0]]))}?)" if close else ""

@@ -49,9 +49,12 @@ def test_seed_004_dry_run_prints_the_pinned_launch(tmp_path: Path) -> None:
     [
         (["+hw=h200", "kv=nvfp4"], ["nvfp4", "h200"]),
         (["engine.max_model_len=8192", "workload=context_mix"], ["max_model_len", "30000"]),
-        (["+engine.max_num_seq=4"], ["max_num_seq"]),
+        (["+engine.max_num_seq=4"], ["max_num_seq", "did you mean engine.max_num_seqs?"]),
+        (["engine.max_num_seq=4"], ["max_num_seq", "did you mean engine.max_num_seqs?"]),
+        (["kv=nvfp5"], ["kv/nvfp5", "nvfp4"]),
     ],
-    ids=["nvfp4-kv-on-hopper", "context-too-short", "unknown-key"],
+    ids=["nvfp4-kv-on-hopper", "context-too-short", "unknown-key", "unknown-key-no-plus",
+         "unknown-option"],
 )
 def test_bad_config_fails_with_one_paragraph_and_starts_nothing(
     overrides: list[str], words: list[str], tmp_path: Path

@@ -10,7 +10,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.config import RunConfig, build_config
+from runner.cli import check_composes
+from runner.config import RunConfig, build_config, known_keys
 from runner.errors import ConfigError
 from runner.validate import validate
 
@@ -104,6 +105,38 @@ def test_an_unknown_key_is_refused_by_name() -> None:
     with pytest.raises(ConfigError, match="max_num_seq") as caught:
         compose_config("+engine.max_num_seq=4")
     assert "\n" not in str(caught.value)
+    assert "did you mean engine.max_num_seqs?" in str(caught.value)
+
+
+def test_the_schema_knows_its_keys_at_every_depth() -> None:
+    assert "max_num_seqs" in known_keys(["engine"])
+    assert known_keys(["workload", "buckets", 0]) == ["total_tokens"]
+    assert "min_user_tok_s" in known_keys(["slo"])
+    assert known_keys(["engine", "max_num_seqs"]) == known_keys(["nope"]) == []
+
+
+@pytest.mark.parametrize(
+    ("override", "words"),
+    [
+        ("engine.max_num_seq=4", ["'engine.max_num_seq'", "did you mean engine.max_num_seqs?"]),
+        ("workload.bucket=3", ["did you mean workload.buckets?"]),
+        ("kv=nvfp5", ["kv/nvfp5", "auto bf16 fp8 nvfp4", "--help"]),
+    ],
+)
+def test_an_override_hydra_refuses_becomes_one_paragraph(override: str, words: list[str]) -> None:
+    """A key mistyped without ``+`` never reaches the schema: Hydra refuses it while
+    composing. The entry point composes first and says so in runner's own words."""
+    with pytest.raises(ConfigError) as caught:
+        check_composes([override, "dry_run=true"])
+    message = str(caught.value)
+    assert "\n" not in message and message.endswith("nothing was started.")
+    for word in words:
+        assert word in message, message
+
+
+def test_hydra_flags_and_valid_overrides_pass_the_composition_check() -> None:
+    check_composes(["+hw=rtx5090", "kv=nvfp4", "hydra.run.dir=/tmp/x", "dry_run=true"])
+    check_composes(["-m", "engine.max_num_seq=4,5"])  # multirun: Hydra reports it itself
 
 
 def test_nvfp4_kv_on_h200_is_refused() -> None:
