@@ -318,6 +318,43 @@ async def _measure(
     )
 
 
+def read_benchmark_rows(folder: Path) -> list[BenchmarkRow]:
+    """The rows in ``folder``'s ``benchmark.jsonl``; a figure added since reads as None."""
+    from runner.results import read_jsonl
+
+    names = BenchmarkRow.field_names()
+    return [
+        BenchmarkRow(**{name: record.get(name) for name in names})
+        for record in read_jsonl(Path(folder) / BENCHMARK_NAME)
+    ]
+
+
+def measured_before(context: RunContext) -> BenchmarkRow | None:
+    """The row this run_id already wrote, if any: a benchmark is one measurement, so a
+    rerun with the same run_id reports it instead of measuring again."""
+    rows = [row for row in read_benchmark_rows(context.results_dir) if row.run_id == context.run_id]
+    return rows[-1] if rows else None
+
+
+def report_measured(context: RunContext, row: BenchmarkRow, console: Console) -> dict[str, Any]:
+    """What a rerun of a finished benchmark prints and returns, starting nothing."""
+    console.print(
+        f"run {context.run_id} was already measured; its row in "
+        f"{context.results_dir / BENCHMARK_NAME} (use a new run_id to measure again):",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    console.print(console_line(row), markup=False, highlight=False)
+    return {
+        "run_id": context.run_id,
+        "config_id": context.config_id,
+        "family": context.family,
+        "results_dir": str(context.results_dir),
+        **row.as_dict(),
+    }
+
+
 def append_row(path: Path, row: BenchmarkRow) -> None:
     """Append the row to ``benchmark.jsonl`` and sync it to disk."""
     try:

@@ -100,13 +100,13 @@ class ResultsWriter:
 
 def read_rows(directory: Path) -> list[WindowRow]:
     """The rows already in ``results.jsonl`` (empty if none), for resuming a run."""
-    return [WindowRow(**record) for record in _read_jsonl(Path(directory) / JSONL_NAME)]
+    return [WindowRow(**record) for record in read_jsonl(Path(directory) / JSONL_NAME)]
 
 
 def read_results(directory: Path) -> list[WindowResult]:
     """Rows with their details from ``windows_detail.jsonl``, for reports on resume."""
     results = []
-    for record in _read_jsonl(Path(directory) / DETAIL_NAME):
+    for record in read_jsonl(Path(directory) / DETAIL_NAME):
         detail = dict(record["detail"])
         detail["buckets"] = [BucketStats(**bucket) for bucket in detail["buckets"]]
         results.append(WindowResult(WindowRow(**record["row"]), WindowDetail(**detail)))
@@ -213,7 +213,8 @@ def _cut_torn_tail(path: Path) -> None:
         os.fsync(handle.fileno())
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSONL file runner appends to; [] if absent; a torn last line is dropped."""
     if not path.exists():
         return []
     lines = [line for line in path.read_text(encoding="utf-8").split("\n") if line.strip()]

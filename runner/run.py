@@ -303,9 +303,7 @@ def resume_folder(results_dir: Path, run_id: str) -> Path:
     this run_id and that holds rows is used. A folder that already holds this run's
     rows (results.dir given explicitly) is kept as it is.
     """
-    from runner.results import read_rows
-
-    if any(row.run_id == run_id for row in read_rows(results_dir)):
+    if holds_run(results_dir, run_id):
         return results_dir
     candidates = []
     for manifest in results_dir.parent.glob("*/manifest.json"):
@@ -316,13 +314,39 @@ def resume_folder(results_dir: Path, run_id: str) -> Path:
             named = json.loads(manifest.read_text()).get("run_id")
         except (OSError, json.JSONDecodeError):
             continue
-        if named == run_id and any(row.run_id == run_id for row in read_rows(folder)):
+        if named == run_id and holds_run(folder, run_id):
             candidates.append(folder)
     if not candidates:
         return results_dir
     folder = max(candidates, key=lambda path: path.stat().st_mtime)
     log.info("run %s resumes in %s, where its windows are", run_id, folder)
     return folder
+
+
+def run_config_ids(folder: Path, run_id: str) -> set[str]:
+    """The config_ids of the rows ``run_id`` wrote in ``folder``: windows or a benchmark."""
+    from runner.fixedrun import read_benchmark_rows
+    from runner.results import read_rows
+
+    rows = [*read_rows(folder), *read_benchmark_rows(folder)]
+    return {row.config_id for row in rows if row.run_id == run_id}
+
+
+def holds_run(folder: Path, run_id: str) -> bool:
+    return bool(run_config_ids(folder, run_id))
+
+
+def check_resumable(context: RunContext) -> None:
+    """A run_id resumes only the configuration it measured; raises ConfigError otherwise."""
+    others = run_config_ids(context.results_dir, context.run_id) - {context.config_id}
+    if others:
+        raise ConfigError(
+            f"run_id={context.run_id} already holds results of config_id "
+            f"{', '.join(sorted(others))} in {context.results_dir}, but this configuration "
+            f"is config_id {context.config_id}: resuming would mix two engine setups in one "
+            "run. Give the new configuration a new run_id, or resume with the configuration "
+            "that run measured (its manifest.json holds it)."
+        )
 
 
 def prior_windows(results_dir: Path, run_id: str) -> list[WindowResult]:
@@ -342,6 +366,12 @@ def execute(config: RunConfig, console: Console | None = None) -> dict[str, Any]
     plan = build_plan(context, engine_model_path, host_model_dir)
     if config.dry_run:
         return dry_run(context, plan, console)
+    check_resumable(context)
+    if config.workload.kind == "sharegpt":
+        from runner import fixedrun
+
+        if (row := fixedrun.measured_before(context)) is not None:
+            return fixedrun.report_measured(context, row, console)
 
     if config.hw is not None and config.backend.kind != "external":
         from runner import gpu

@@ -69,13 +69,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+WHOLE_RUN = (
+    "workload.num_prompts=30", "workload.concurrency=4", "workload.max_seconds=60",
+    "workload.max_tokens=32",
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def whole_run(work: Path, vllm_server, cache_dir: Path):
-    done = run_benchmark(
-        work, vllm_server, cache_dir, "sharegpt-whole",
-        "workload.num_prompts=30", "workload.concurrency=4", "workload.max_seconds=60",
-        "workload.max_tokens=32",
-    )  # fmt: skip
+    done = run_benchmark(work, vllm_server, cache_dir, "sharegpt-whole", *WHOLE_RUN)
     assert done.returncode == 0, done.stderr[-3000:]
     return done, work / "sharegpt-whole"
 
@@ -133,6 +135,25 @@ def test_console_manifest_and_mlflow_name_the_run(whole_run, work: Path) -> None
     assert parent.data.metrics["decode_tok_s"] == pytest.approx(row["decode_tok_s"])
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"benchmark.jsonl", "manifest.json", "workload.jsonl"} <= artifacts
+
+
+def test_a_rerun_of_a_finished_benchmark_reports_its_row_and_measures_nothing(
+    whole_run, work: Path, vllm_server, cache_dir: Path
+) -> None:
+    """A benchmark is one measurement: the same command and run_id again prints the row it
+    wrote; the same run_id with another engine setup is refused before anything starts."""
+    done, results = whole_run
+    again = run_benchmark(work, vllm_server, cache_dir, "sharegpt-whole", *WHOLE_RUN)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "run sharegpt-whole was already measured" in again.stdout
+    assert "30/30 prompts completed" in again.stdout
+    assert len(read_jsonl(results / "benchmark.jsonl")) == 1
+    other = run_benchmark(
+        work, vllm_server, cache_dir, "sharegpt-whole", *WHOLE_RUN, "engine.max_num_seqs=8"
+    )
+    assert other.returncode == 2, other.stdout[-2000:]
+    assert "already holds results of config_id" in other.stderr
+    assert len(read_jsonl(results / "benchmark.jsonl")) == 1
 
 
 def test_the_time_cap_stops_dispatch_and_lets_requests_in_flight_finish(

@@ -1,9 +1,20 @@
-"""What the search sees of windows an engine died in (seed 004 §9: OOM stops the doubling)."""
+"""What a run sees of windows already measured: an engine that died in one (seed 004 §9:
+OOM stops the doubling), and which configuration a run_id may resume."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import pytest
+
+from runner.config import build_config
+from runner.errors import ConfigError
+from runner.fixedrun import BENCHMARK_NAME, BenchmarkRow, measured_before, read_benchmark_rows
 from runner.records import WindowDetail, WindowResult, WindowRow
-from runner.run import search_history
+from runner.results import ResultsWriter
+from runner.run import RunContext, check_resumable, holds_run, search_history
+from tests.conftest import compose
 
 
 def window(users: int, reasons: list[str]) -> WindowResult:
@@ -40,3 +51,32 @@ def test_relaunch_mode_redoes_the_window_the_engine_died_in() -> None:
 def test_an_oom_kill_is_kept_and_marked_so_the_search_stops_doubling() -> None:
     history = search_history([window(7, []), window(14, [OOM])], relaunch=True)
     assert [(h.users, h.oom) for h in history] == [(7, False), (14, True)]
+
+
+def context_in(folder: Path, config_id: str) -> RunContext:
+    config = build_config(compose())
+    return RunContext(config, config_id=config_id, family="bf16", run_id="r", results_dir=folder)
+
+
+def test_a_run_id_resumes_only_the_configuration_it_measured(tmp_path: Path) -> None:
+    """Resuming with other engine flags would mix two setups' windows in one search."""
+    ResultsWriter(tmp_path).append(window(7, []))  # run_id "r", config_id "c"
+    check_resumable(context_in(tmp_path, "c"))
+    check_resumable(context_in(tmp_path / "elsewhere", "other"))
+    with pytest.raises(ConfigError, match="run_id=r already holds results of config_id c") as caught:
+        check_resumable(context_in(tmp_path, "other"))
+    assert "new run_id" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_finished_benchmark_is_found_by_its_run_id_and_read_back(tmp_path: Path) -> None:
+    """A benchmark row written before a figure was added still reads, the figure as None."""
+    names = BenchmarkRow.field_names()
+    record = {name: None for name in names if name != "burst_source"}
+    record.update(run_id="r", config_id="c", concurrency=4, workload="sharegpt")
+    (tmp_path / BENCHMARK_NAME).write_text(json.dumps(record) + "\n")
+    (row,) = read_benchmark_rows(tmp_path)
+    assert row.burst_source is None and row.concurrency == 4
+    assert measured_before(context_in(tmp_path, "c")) == row
+    assert holds_run(tmp_path, "r") and not holds_run(tmp_path, "s")
+    with pytest.raises(ConfigError, match="config_id c"):
+        check_resumable(context_in(tmp_path, "other"))
