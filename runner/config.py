@@ -127,6 +127,23 @@ class Engine(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
 
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_as_text(cls, value: Any) -> Any:
+        # YAML and the command line read `1` or `true` as numbers and booleans; an
+        # environment value is text either way.
+        if isinstance(value, dict):
+            return {key: _as_text(item) for key, item in value.items()}
+        return value
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _args_as_text(cls, value: Any) -> Any:
+        # `[--stream-interval,16]` is an argv: its 16 is the text "16".
+        if isinstance(value, list):
+            return [_as_text(item) for item in value]
+        return value
+
 
 class Bucket(Strict):
     """One context-length bucket: total = prompt + forced output tokens."""
@@ -253,6 +270,15 @@ class RunConfig(Strict):
     run_id: str | None = None
     dry_run: bool = False
     cache_dir: str = "~/.cache/runner"
+
+
+def _as_text(value: Any) -> Any:
+    """A scalar as the text a command line or environment holds; anything else as is."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    return value
 
 
 def build_config(data: dict[str, Any]) -> RunConfig:

@@ -160,7 +160,7 @@ def _window_table(rows: Sequence[WindowRow], details: Sequence[WindowDetail]) ->
         return ["No window was measured."]
     header = (
         "| # | phase | users | window s | aggregate tok/s | min user tok/s | p05 user tok/s "
-        "| mean user tok/s | TTFT p99 ms | latency p99 ms | errors | valid |"
+        "| mean user tok/s | TTFT p99 ms | latency p99 ms | errors | streams | valid |"
     )
     lines = [header, "|" + "---|" * header.count(" | ") + "---|"]
     for index, row in enumerate(rows):
@@ -180,10 +180,22 @@ def _window_table(rows: Sequence[WindowRow], details: Sequence[WindowDetail]) ->
             _cell(row.ttft_p99_ms, 1),
             _cell(row.request_latency_p99_ms, 1),
             str(row.request_errors),
+            _streams(detail),
             verdict,
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+def _streams(detail: WindowDetail | None) -> str:
+    """"bursty (server)" where tokens arrived in lumps, so the window's TPOT/ITL mislead
+    (seed 000); "steady" where they did not."""
+    if detail is None or "bursty" not in detail.extra:
+        return UNAVAILABLE
+    if not detail.extra["bursty"]:
+        return "steady"
+    source = detail.extra.get("burst_source")
+    return f"bursty ({source})" if source else "bursty"
 
 
 def _by_users(pairs: Sequence[tuple[int, float | None]]) -> tuple[list[int], list[float]]:

@@ -167,3 +167,12 @@ def test_a_measured_gpu_run_needs_a_pinned_image_and_revision() -> None:
         "model.revision=" + "0123456789abcdef" * 2 + "01234567",
     )
     assert validate(pinned) == []
+
+
+def test_engine_arguments_and_environment_are_text_as_typed_on_the_command_line() -> None:
+    """`[--stream-interval,16]` is an argv; Hydra reads its 16 as a number."""
+    config = compose_config(
+        "engine.extra_args=[--stream-interval,16]", "+engine.env.VLLM_FLAG=1", "+engine.env.ON=true"
+    )
+    assert config.engine.extra_args == ["--stream-interval", "16"]
+    assert config.engine.env == {"VLLM_FLAG": "1", "ON": "true"}

@@ -125,6 +125,18 @@ def test_window_table_lists_every_window_with_invalid_reasons() -> None:
     assert "| bracket | 56 |" in table[-1]
 
 
+def test_window_table_says_whether_the_streams_arrived_in_lumps() -> None:
+    """seed 000: a bursty window is marked with who merged the tokens."""
+    marked = [
+        dataclasses.replace(DETAILS[0], extra={"bursty": True, "burst_source": "server"}),
+        dataclasses.replace(DETAILS[1], extra={"bursty": False}),
+        dataclasses.replace(DETAILS[2], extra={}),
+    ]
+    report = render_report(SUMMARY, ROWS[:3], marked)
+    table = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [line.split(" | ")[-2] for line in table] == ["bursty (server)", "steady", "unavailable"]
+
+
 def test_plots_are_written(tmp_path: Path) -> None:
     paths = plot_report(ROWS, DETAILS, 15.0, tmp_path / "plots")
     assert [path.name for path in paths] == [
