@@ -7,7 +7,6 @@ paragraph on stderr and a non-zero exit, never a traceback.
 
 from __future__ import annotations
 
-import difflib
 import fcntl
 import logging
 import os
@@ -24,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
-from runner.config import build_config, known_keys
+from runner.config import build_config, did_you_mean
 from runner.errors import ConfigError, RunnerError
 
 log = logging.getLogger("runner")
@@ -116,7 +115,7 @@ def app(cfg: DictConfig) -> Any:
         config = build_config(to_plain(cfg))
         summary = execute(config, console)
     except RunnerError as exc:
-        err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
+        print_error(err, exc)
         if _in_multirun():
             # Hydra marks the job failed, runs the remaining jobs of the sweep (one
             # setup that cannot start must not cancel the others) and exits non-zero.
@@ -126,6 +125,11 @@ def app(cfg: DictConfig) -> Any:
         err.print("[bold red]runner:[/] interrupted; the engine was stopped and rows written so far are kept.")
         sys.exit(130)
     return summary.get("median_aggregate_tok_s")
+
+
+def print_error(err: Console, exc: RunnerError) -> None:
+    """The one paragraph a user reads for anything runner refuses or could not do."""
+    err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
 
 
 def _in_multirun() -> bool:
@@ -151,10 +155,10 @@ def check_composes(args: list[str]) -> None:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             compose(config_name="runner", overrides=args)
     except HydraException as exc:
-        raise ConfigError(_override_paragraph(exc, args)) from exc
+        raise ConfigError(_override_paragraph(exc)) from exc
 
 
-def _override_paragraph(exc: Exception, args: list[str]) -> str:
+def _override_paragraph(exc: Exception) -> str:
     message = " ".join(str(exc).split("Config search path:")[0].split())
     cause = str(exc.__cause__ or "")
     hint = (
@@ -163,12 +167,8 @@ def _override_paragraph(exc: Exception, args: list[str]) -> str:
     )
     found = re.search(r"Could not override '([^']+)'", message)
     if found and "not in struct" in cause:
-        *parent, key = found.group(1).split(".")
-        close = difflib.get_close_matches(key, known_keys(parent), n=1)
-        named = ".".join([*parent, key])
-        message = f"'{named}' is not a key runner knows"
-        if close:
-            message += f" (did you mean {'.'.join([*parent, close[0]])}?)"
+        named = found.group(1)
+        message = f"'{named}' is not a key runner knows{did_you_mean(named.split('.'))}"
         hint = "`python -m runner --cfg job` lists every key"
     return (
         f"The command line does not compose into a config: {message.rstrip('. ')}. "
@@ -180,8 +180,7 @@ def main() -> None:
     try:
         check_composes(sys.argv[1:])
     except RunnerError as exc:
-        err = Console(stderr=True, highlight=False, soft_wrap=True)
-        err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
+        print_error(Console(stderr=True, highlight=False, soft_wrap=True), exc)
         sys.exit(exc.exit_code)
     app()
 

@@ -288,7 +288,7 @@ def build_config(data: dict[str, Any]) -> RunConfig:
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
-            + (_did_you_mean(error["loc"]) if error["type"] == "extra_forbidden" else "")
+            + (did_you_mean(error["loc"]) if error["type"] == "extra_forbidden" else "")
             for error in exc.errors()
         )
         raise ConfigError(
@@ -326,6 +326,7 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def _did_you_mean(loc: Sequence[str | int]) -> str:
+def did_you_mean(loc: Sequence[str | int]) -> str:
+    """" (did you mean engine.max_num_seqs?)" for an unknown key ``loc``; "" if nothing is close."""
     close = difflib.get_close_matches(str(loc[-1]), known_keys(loc[:-1]), n=1)
     return f" (did you mean {'.'.join(map(str, [*loc[:-1], close[0]]))}?)" if close else ""
