@@ -10,7 +10,7 @@ paced    one event per write, ``--tok-s`` tokens/s per stream: a stream lasts
          the client must take ``users * tok_s`` small reads per second;
 burst    the same body unpaced: the ceiling, the most tokens/s the client parses.
 
-Runner's :class:`~runner.load.LoadGenerator` (with the client-health probe of each
+Runner's :class:`~runner.measure.load.LoadGenerator` (with the client-health probe of each
 window: loop lag p99, CPU, open connections) and vLLM's own ``vllm bench serve``
 client (``benchmarks/loadgen/vllm_bench_serve.py``) are measured in turn against the
 same servers in the same run, each in its own process, and compared:
@@ -133,9 +133,9 @@ def _listening(port: int) -> bool:
 
 
 async def runner_client(url: str, users: int, window_s: float, warmup_s: float) -> dict:
-    from runner.clienthealth import ClientHealthProbe
-    from runner.load import LoadGenerator
-    from runner.records import Prompt
+    from runner.measure.clienthealth import ClientHealthProbe
+    from runner.measure.load import LoadGenerator
+    from runner.workload.prompt import Prompt
 
     prompts = [
         Prompt(id=f"p{i}", bucket_total=160, prompt_tokens=32, max_tokens=128,
@@ -260,7 +260,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from runner.tinymodel import ensure_tiny_model
+    from runner.prepare.tinymodel import ensure_tiny_model
 
     tokenizer = ensure_tiny_model(Path("~/.cache/runner"), 4096)
     server = Nginx(args.tokens, args.tok_s)
@@ -352,7 +352,7 @@ if __name__ == "__main__":
             float(sys.argv[4]),
             float(sys.argv[5]),
         )
-        from runner.transport import run  # the event loop runner's windows run on
+        from runner.measure.transport import run  # the event loop runner's windows run on
 
         print(json.dumps(run(runner_client(url, users, window_s, warmup_s))))
     else:

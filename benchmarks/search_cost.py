@@ -1,7 +1,7 @@
 """What runner's concurrency search costs, against seed 004 §9 followed to the letter.
 
 Both searches run on the same simulated curves with the same seeds
-(:mod:`runner.searchsim`) and are charged engine time per window: warm-up plus the
+(:mod:`runner.search.simulator`) and are charged engine time per window: warm-up plus the
 window itself (drain time, the same for both, is left out).
 
 literal  every window 300 s; doubling or halving; bisection between the last pass and
@@ -10,7 +10,7 @@ literal  every window 300 s; doubling or halving; bisection between the last pas
          two neighbours three times each; the highest median whose windows all meet
          the floor. Where all three fail, the next best is confirmed the same way (the
          seed says nothing there; this is the kinder reading).
-runner   :func:`runner.search.next_step` with 60 s screening windows for the doubling.
+runner   :func:`runner.search.policy.next_step` with 60 s screening windows for the doubling.
 
 Columns: mean windows and engine-minutes per search, runner's engine time over the
 literal's (over all seeds, and over the seeds where both chose the same user count),
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runner.search import Observation, SearchParams
-from runner.searchsim import SHAPES, Curve, draw_curve, run_policy
+from runner.search.policy import Observation, SearchParams
+from runner.search.simulator import SHAPES, Curve, draw_curve, run_policy
 
 WINDOW_S = 300.0
 SCREENING_WINDOW_S = 60.0

@@ -102,7 +102,7 @@ def _terminate(signum: int, frame: Any) -> None:
 
 @hydra.main(config_path=config_dir(), config_name="runner", version_base="1.3")
 def app(cfg: DictConfig) -> Any:
-    from runner.run import execute
+    from runner.run.pipeline import execute
 
     # Hydra sets the root logger to INFO; one log line per HTTP request would bury the
     # one console line per window that users read.

@@ -21,11 +21,11 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-import docker
 import docker.errors
 import httpx
 from docker.types import DeviceRequest
 
+import docker
 from runner.config import RunConfig
 from runner.engines.base import EngineFault, LaunchPlan
 from runner.engines.process import secret_values

@@ -37,16 +37,8 @@ import httpx
 
 from runner.config import RunConfig
 from runner.engines.base import RunningEngine
-from runner.load import auth_headers
-from runner.records import Prompt
-from runner.smoke.probe import (
-    CheckFailed,
-    CheckFunction,
-    Probe,
-    Skipped,
-    SmokeCheck,
-    SmokeReport,
-)
+from runner.measure.load import auth_headers
+from runner.smoke.probe import CheckFailed, CheckFunction, Probe, Skipped, SmokeCheck, SmokeReport
 from runner.smoke.seed003 import SEED003_CHECKS
 from runner.smoke.seed004 import (
     MEMORY_GROWTH_FLOOR_MIB,
@@ -55,6 +47,7 @@ from runner.smoke.seed004 import (
     memory_tolerance_mib,
     tally_stream,
 )
+from runner.workload.prompt import Prompt
 
 __all__ = [
     "MEMORY_GROWTH_FLOOR_MIB", "SEED003", "SEED004", "SmokeCheck", "SmokeReport",

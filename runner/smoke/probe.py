@@ -15,8 +15,8 @@ import httpx
 from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.errors import SmokeError
-from runner.metrics import EngineMetrics, parse_metrics
-from runner.records import Prompt
+from runner.measure.metrics import EngineMetrics, parse_metrics
+from runner.workload.prompt import Prompt
 
 CHAT_MAX_TOKENS = 32
 # A reasoning model may spend hundreds of tokens thinking before it answers or calls a tool.

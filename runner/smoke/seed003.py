@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from runner.load import auth_headers
+from runner.measure.load import auth_headers
 from runner.smoke.probe import (
     REASONING_MAX_TOKENS,
     CheckFailed,

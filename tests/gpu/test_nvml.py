@@ -8,13 +8,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from runner import gpu
+from runner import nvml
 from runner.config import Hardware
 from runner.errors import PreflightError
+from runner.measure import telemetry
+from runner.prepare import preflight
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not gpu.nvml_available(), reason="no NVIDIA driver (NVML) on this machine"),
+    pytest.mark.skipif(not nvml.nvml_available(), reason="no NVIDIA driver (NVML) on this machine"),
 ]
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
@@ -31,7 +33,7 @@ def profile_for_this_gpu() -> Hardware:
     name = name.decode() if isinstance(name, bytes) else name
     for path in sorted((CONF / "hw").glob("*.yaml")):
         hw = yaml.safe_load(path.read_text())["hw"]
-        if gpu.same_gpu_name(name, hw["gpu_name"]) and hw["count"] == 1:
+        if preflight.same_gpu_name(name, hw["gpu_name"]) and hw["count"] == 1:
             return Hardware.model_validate(hw)
     pytest.skip(f"no single-GPU profile in conf/hw names {name}")
 
@@ -39,12 +41,12 @@ def profile_for_this_gpu() -> Hardware:
 def test_preflight_accepts_the_profile_of_this_gpu():
     """Seed 004 §3: identity, memory, driver, no other process, no throttling at idle."""
     hw = profile_for_this_gpu()
-    facts = gpu.preflight(hw)
+    facts = preflight.preflight(hw)
     assert facts["gpu_count"] >= hw.count
     first = facts["gpus"][0]
-    assert gpu.same_gpu_name(first["name"], hw.gpu_name)
+    assert preflight.same_gpu_name(first["name"], hw.gpu_name)
     assert tuple(first["compute_capability"]) == tuple(hw.compute_capability)
-    assert gpu.version_at_least(facts["driver_version"], hw.min_driver)
+    assert preflight.version_at_least(facts["driver_version"], hw.min_driver)
     assert first["clock_event_names"] is not None
 
 
@@ -52,7 +54,7 @@ def test_preflight_refuses_a_profile_this_machine_does_not_match():
     hw = profile_for_this_gpu()
     wrong = hw.model_copy(update={"count": 64, "gpu_name": "NVIDIA B200", "min_driver": "999.0"})
     with pytest.raises(PreflightError) as refused:
-        gpu.preflight(wrong)
+        preflight.preflight(wrong)
     message = str(refused.value)
     assert "needs 64" in message
     assert "is not a NVIDIA B200" in message
@@ -62,11 +64,11 @@ def test_preflight_refuses_a_profile_this_machine_does_not_match():
 def test_sampler_reads_power_and_sees_the_gpu_busy_under_load():
     """The row's gpu_util_avg_pct and power_avg_w come from these samples (seed 004 §8)."""
     torch = pytest.importorskip("torch")
-    idle = gpu.GpuSampler(device_indices=[0], interval_s=0.5)
+    idle = telemetry.GpuSampler(device_indices=[0], interval_s=0.5)
     idle.start()
     time.sleep(2.0)
     idle_summary = idle.stop()
-    busy = gpu.GpuSampler(device_indices=[0], interval_s=0.5)
+    busy = telemetry.GpuSampler(device_indices=[0], interval_s=0.5)
     matrix = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     busy.start()
     deadline = time.monotonic() + 3.0

@@ -15,7 +15,7 @@ import pytest
 
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine, port_is_free
-from runner.tinymodel import ensure_tiny_model
+from runner.prepare.tinymodel import ensure_tiny_model
 
 TINY_CONTEXT = 4096
 

@@ -17,16 +17,16 @@ from collections.abc import Iterator
 
 import pytest
 
-from runner.clienthealth import CLIENT_BUSY_CPU_PCT
 from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
-from runner.protocol import run_window, wait_idle
-from runner.results import console_line
-from runner.streams import BURSTY_WINDOW_SHARE, stream_timing, summarize_streams
-from runner.transport import Endpoint, StreamConnection
-from runner.window import RequestRecord
-from runner.workload import build_prompts, load_tokenizer
+from runner.measure.clienthealth import CLIENT_BUSY_CPU_PCT
+from runner.measure.protocol import run_window, wait_idle
+from runner.measure.records import RequestRecord
+from runner.measure.streams import BURSTY_WINDOW_SHARE, stream_timing, summarize_streams
+from runner.measure.transport import Endpoint, StreamConnection
+from runner.output.console import console_line
+from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
 from tests.integration.conftest import TINY_CONTEXT, Server, free_port
 

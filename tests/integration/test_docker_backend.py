@@ -18,10 +18,10 @@ import pytest
 from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.errors import EngineFlagError, EngineStartError
-from runner.flags import check_flags, image_present, local_supported_flags, supported_flags
-from runner.launch import build_launch_plan
-from runner.protocol import run_window
-from runner.workload import build_prompts, load_tokenizer
+from runner.measure.protocol import run_window
+from runner.prepare.flags import check_flags, image_present, local_supported_flags, supported_flags
+from runner.prepare.launch import build_launch_plan
+from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
 
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.records import WindowRow
+from runner.measure.result import WindowRow
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"

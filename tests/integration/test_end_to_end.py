@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.records import WindowRow
+from runner.measure.result import WindowRow
 
 REPO = Path(__file__).resolve().parents[2]
 

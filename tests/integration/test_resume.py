@@ -15,8 +15,8 @@ import httpx
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.metrics import parse_metrics
-from runner.search import Observation, SearchParams, decide
+from runner.measure.metrics import parse_metrics
+from runner.search.policy import Observation, SearchParams, decide
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "resume-sigkill"

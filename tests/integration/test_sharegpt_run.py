@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.fixedrun import BenchmarkRow
+from runner.measure.benchmark import BenchmarkRow
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,10 +11,10 @@ from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
 from runner.errors import SmokeError
-from runner.metrics import parse_metrics
-from runner.records import Prompt
+from runner.measure.metrics import parse_metrics
 from runner.smoke import SEED003, SEED004, run_smoke
-from runner.workload import build_prompts, load_tokenizer
+from runner.workload.context_mix import build_prompts, load_tokenizer
+from runner.workload.prompt import Prompt
 from tests.conftest import compose
 from tests.integration.conftest import TINY_CONTEXT, free_port
 

@@ -7,16 +7,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.compare import compare, main, render_compare
+from runner.cli import main
 from runner.config import Tracking
 from runner.errors import TrackingError
-from runner.records import WindowDetail, WindowResult, WindowRow
-from runner.tracking import (
-    BEST_AGGREGATE_TOK_S,
-    BEST_MIN_USER_TOK_S,
-    BEST_USERS,
-    Tracker,
-)
+from runner.measure.result import WindowDetail, WindowResult, WindowRow
+from runner.output.compare import compare, render_compare
+from runner.output.tracking import BEST_AGGREGATE_TOK_S, BEST_MIN_USER_TOK_S, BEST_USERS, Tracker
 
 pytestmark = pytest.mark.integration
 
@@ -200,7 +196,7 @@ def test_unreachable_server_fails_fast_with_a_tracking_error() -> None:
 
 def test_environment_values_never_reach_params() -> None:
     """Secrets come only from environment variables and never reach MLflow (house rule)."""
-    from runner.tracking import config_params
+    from runner.output.tracking import config_params
 
     config = _minimal_config(engine_env={"HF_TOKEN": "hf_secret_value"})
     params = config_params(config)

@@ -12,8 +12,8 @@ import json
 
 import pytest
 
-from runner.transport import ConnectError, Endpoint, StreamConnection
-from runner.window import RequestRecord
+from runner.measure.records import RequestRecord
+from runner.measure.transport import ConnectError, Endpoint, StreamConnection
 
 pytestmark = pytest.mark.integration
 

@@ -6,10 +6,11 @@ import httpx
 import pytest
 
 from runner.config import RunConfig, build_config
-from runner.metrics import parse_metrics
-from runner.protocol import run_window, wait_idle
-from runner.records import Prompt, WindowRow
-from runner.workload import build_prompts, load_tokenizer
+from runner.measure.metrics import parse_metrics
+from runner.measure.protocol import run_window, wait_idle
+from runner.measure.result import WindowRow
+from runner.workload.context_mix import build_prompts, load_tokenizer
+from runner.workload.prompt import Prompt
 from tests.conftest import compose
 
 pytestmark = pytest.mark.integration

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.clienthealth import ClientHealth, engine_addresses, judge
+from runner.measure.clienthealth import ClientHealth, engine_addresses, judge
 
 
 def health(lag_ms: float | None = 2.0, connections: int | None = 33, users: int = 32, cpu_pct: float = 95.0):

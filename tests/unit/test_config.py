@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from runner.cli import check_composes
 from runner.config import RunConfig, build_config, known_keys
 from runner.errors import ConfigError
-from runner.validate import validate
+from runner.prepare.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 GROUPS = ["image", "model", "kv", "engine", "workload", "search", "backend", "tracking"]

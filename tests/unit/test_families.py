@@ -10,7 +10,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from runner.config import RunConfig, build_config
-from runner.identity import config_id, family
+from runner.prepare.identity import config_id, family
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 

@@ -10,16 +10,11 @@ import pytest
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
-from runner.fixedrun import (
-    BenchmarkMeasurement,
-    BenchmarkRow,
-    console_line,
-    row_metrics,
-    summarize_benchmark,
-)
-from runner.metrics import EngineMetrics
-from runner.validate import validate
-from runner.window import RequestRecord
+from runner.measure.benchmark import BenchmarkMeasurement, BenchmarkRow, summarize_benchmark
+from runner.measure.metrics import EngineMetrics
+from runner.measure.records import RequestRecord
+from runner.output.benchmark import benchmark_line, row_metrics
+from runner.prepare.validate import validate
 
 
 def streamed(
@@ -108,7 +103,7 @@ def test_a_burst_delivered_stream_reads_tpot_near_zero_and_is_flagged() -> None:
     assert row.ttft_median_ms == pytest.approx(75000.0)
     assert row.bursty is True
     assert row.decode_tok_s == pytest.approx(512 / 80.0001)
-    assert "bursty" in console_line(row)
+    assert "bursty" in benchmark_line(row)
 
 
 def test_failed_requests_are_counted_and_left_out_of_the_figures() -> None:
@@ -129,10 +124,10 @@ def test_the_cap_shows_when_fewer_prompts_were_sent_than_the_workload_holds() ->
     records = [streamed("a", 100.0, [101.0, 102.0]), streamed("b", 100.0, [101.0, 103.0])]
     capped = summarize(records, num_prompts=4)
     assert capped.capped is True
-    assert "2/4 prompts completed" in console_line(capped)
-    assert "time cap 900 s reached" in console_line(capped)
+    assert "2/4 prompts completed" in benchmark_line(capped)
+    assert "time cap 900 s reached" in benchmark_line(capped)
     whole = summarize(records, num_prompts=2)
-    assert whole.capped is False and "time cap" not in console_line(whole)
+    assert whole.capped is False and "time cap" not in benchmark_line(whole)
 
 
 def test_nothing_measured_is_unavailable_not_zero() -> None:
@@ -140,7 +135,7 @@ def test_nothing_measured_is_unavailable_not_zero() -> None:
     assert row.prefill_tok_s is None and row.decode_tok_s is None
     assert row.ttft_median_ms is None and row.tpot_median_ms is None
     assert row.server_output_tokens is None
-    assert "prefill n/a" in console_line(row)
+    assert "prefill n/a" in benchmark_line(row)
     assert "decode_tok_s" not in row_metrics(row) and row_metrics(row)["errors"] == 1.0
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from runner import gpu
+from runner import nvml
 from runner.config import Hardware
 from runner.errors import PreflightError
+from runner.measure import telemetry
+from runner.prepare import preflight
 
 H200 = Hardware(
     name="h200",
@@ -39,9 +41,9 @@ def healthy_gpu(**changes):
 
 def test_idle_is_not_a_throttle():
     """Seed 004 §3 rejects thermal throttling and severe power limiting, not an idle GPU."""
-    assert gpu.decode_clock_events(0x1) == ["gpu_idle"]
-    assert gpu.throttle_reasons(0x1) == []
-    assert gpu.throttle_reasons(0x1 | 0x10 | 0x100) == []
+    assert nvml.decode_clock_events(0x1) == ["gpu_idle"]
+    assert nvml.throttle_reasons(0x1) == []
+    assert nvml.throttle_reasons(0x1 | 0x10 | 0x100) == []
 
 
 @pytest.mark.parametrize(
@@ -55,11 +57,11 @@ def test_idle_is_not_a_throttle():
     ],
 )
 def test_thermal_and_power_reasons_are_throttles(bits, reason):
-    assert gpu.throttle_reasons(bits | 0x1) == [reason]
+    assert nvml.throttle_reasons(bits | 0x1) == [reason]
 
 
 def test_unknown_reason_bits_are_kept_visible():
-    assert gpu.decode_clock_events(0x1 | 0x4000) == ["gpu_idle", "0x4000"]
+    assert nvml.decode_clock_events(0x1 | 0x4000) == ["gpu_idle", "0x4000"]
 
 
 @pytest.mark.parametrize(
@@ -74,18 +76,18 @@ def test_unknown_reason_bits_are_kept_visible():
     ],
 )
 def test_driver_versions_compare_numerically(version, minimum, ok):
-    assert gpu.version_at_least(version, minimum) is ok
+    assert preflight.version_at_least(version, minimum) is ok
 
 
 def test_gpu_names_match_with_or_without_vendor_but_not_another_part():
-    assert gpu.same_gpu_name("NVIDIA H200", "H200")
-    assert gpu.same_gpu_name("NVIDIA H200", "nvidia  h200")
-    assert not gpu.same_gpu_name("NVIDIA H200 NVL", "NVIDIA H200")
-    assert not gpu.same_gpu_name("NVIDIA H100 80GB HBM3", "NVIDIA H200")
+    assert preflight.same_gpu_name("NVIDIA H200", "H200")
+    assert preflight.same_gpu_name("NVIDIA H200", "nvidia  h200")
+    assert not preflight.same_gpu_name("NVIDIA H200 NVL", "NVIDIA H200")
+    assert not preflight.same_gpu_name("NVIDIA H100 80GB HBM3", "NVIDIA H200")
 
 
 def test_a_healthy_idle_gpu_fits_the_profile():
-    assert gpu.gpu_problems(healthy_gpu(), H200) == []
+    assert preflight.gpu_problems(healthy_gpu(), H200) == []
 
 
 @pytest.mark.parametrize(
@@ -105,14 +107,14 @@ def test_a_healthy_idle_gpu_fits_the_profile():
 )
 def test_each_mismatch_is_named(changes, words):
     """Seed 004 §3: wrong identity or memory, another process, throttling, Xid-class faults."""
-    problems = gpu.gpu_problems(healthy_gpu(**changes), H200)
+    problems = preflight.gpu_problems(healthy_gpu(**changes), H200)
     assert len(problems) == 1
     assert words in problems[0]
 
 
 def test_memory_within_tolerance_is_accepted():
     # NVML reports 143,771 MiB (140.4 GiB); a profile rounding to 141 must still fit.
-    assert gpu.gpu_problems(healthy_gpu(memory_total_gib=141.0), H200) == []
+    assert preflight.gpu_problems(healthy_gpu(memory_total_gib=141.0), H200) == []
 
 
 def samples(*ticks):
@@ -125,7 +127,7 @@ def samples(*ticks):
 
 
 def test_summary_averages_utilisation_and_sums_power_across_gpus():
-    summary = gpu.summarise_samples(
+    summary = telemetry.summarise_samples(
         samples([(100, 600.0, 0), (80, 500.0, 0)], [(60, 400.0, 0), (40, 300.0, 0)])
     )
     assert summary.available
@@ -135,27 +137,27 @@ def test_summary_averages_utilisation_and_sums_power_across_gpus():
 
 
 def test_unread_figures_are_unavailable_never_zero():
-    summary = gpu.summarise_samples(samples([(None, None, None)], [(None, None, None)]))
+    summary = telemetry.summarise_samples(samples([(None, None, None)], [(None, None, None)]))
     assert summary.gpu_util_avg_pct is None
     assert summary.power_avg_w is None
-    assert gpu.summarise_samples([]).available is False
+    assert telemetry.summarise_samples([]).available is False
 
 
 def test_a_tick_missing_one_gpu_power_is_left_out_of_the_power_average():
-    summary = gpu.summarise_samples(samples([(50, 300.0, 0), (50, None, 0)], [(50, 300.0, 0), (50, 200.0, 0)]))
+    summary = telemetry.summarise_samples(samples([(50, 300.0, 0), (50, None, 0)], [(50, 300.0, 0), (50, 200.0, 0)]))
     assert summary.power_avg_w == pytest.approx(500.0)
 
 
 def test_power_capping_under_load_is_not_marked_throttled_but_thermal_slowdown_is():
-    assert not gpu.summarise_samples(samples([(100, 700.0, 0x4)])).throttled
-    assert gpu.summarise_samples(samples([(100, 700.0, 0x4)], [(100, 650.0, 0x20)])).throttled
+    assert not telemetry.summarise_samples(samples([(100, 700.0, 0x4)])).throttled
+    assert telemetry.summarise_samples(samples([(100, 700.0, 0x4)], [(100, 650.0, 0x20)])).throttled
 
 
-@pytest.mark.skipif(gpu.nvml_available(), reason="this machine has NVML; see tests/gpu")
+@pytest.mark.skipif(nvml.nvml_available(), reason="this machine has NVML; see tests/gpu")
 def test_without_nvml_a_gpu_profile_is_refused_and_telemetry_is_unavailable():
     with pytest.raises(PreflightError, match="NVML cannot be loaded"):
-        gpu.preflight(H200)
-    sampler = gpu.GpuSampler()
+        preflight.preflight(H200)
+    sampler = telemetry.GpuSampler()
     sampler.start()
     summary = sampler.stop()
     assert summary.available is False

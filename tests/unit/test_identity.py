@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from runner.config import RunConfig
-from runner.identity import config_id, family, new_run_id
+from runner.prepare.identity import config_id, family, new_run_id
 
 BASE: dict[str, Any] = {
     "hw": {"name": "rtx5090", "gpu_name": "NVIDIA GeForce RTX 5090", "count": 1,

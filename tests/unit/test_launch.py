@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
-from runner.launch import (
+from runner.prepare.launch import (
     build_launch_plan,
     container_model_path,
     docker_run_line,

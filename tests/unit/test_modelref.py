@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from runner.config import Model
-from runner.modelref import fingerprint, resolve_revision, snapshot_folder
+from runner.prepare.modelref import fingerprint, resolve_revision, snapshot_folder
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 

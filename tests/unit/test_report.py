@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from runner.compare import render_compare
-from runner.records import BucketStats, WindowDetail, WindowRow
-from runner.report import plot_report, render_report
+from runner.measure.result import BucketStats, WindowDetail, WindowRow
+from runner.output.compare import render_compare
+from runner.output.report import plot_report, render_report
 
 SUMMARY = {
     "run_id": "run-a",

@@ -13,14 +13,9 @@ import pytest
 from rich.console import Console
 
 from runner.errors import TrackingError
-from runner.records import BucketStats, WindowDetail, WindowResult, WindowRow
-from runner.results import (
-    ResultsWriter,
-    console_line,
-    print_window,
-    read_results,
-    read_rows,
-)
+from runner.measure.result import BucketStats, WindowDetail, WindowResult, WindowRow
+from runner.output.console import console_line, print_window
+from runner.output.results import ResultsWriter, read_results, read_rows
 
 SEED_FIELDS = [
     "timestamp_utc", "run_id", "config_id", "window_s", "users",
@@ -111,7 +106,7 @@ def test_a_second_process_reads_each_window_right_after_append(tmp_path: Path) -
     writer = ResultsWriter(tmp_path)
     writer.append(WindowResult(make_row(7), make_detail()))
     code = (
-        "import sys; from pathlib import Path; from runner.results import read_rows; "
+        "import sys; from pathlib import Path; from runner.output.results import read_rows; "
         "print([r.users for r in read_rows(Path(sys.argv[1]))])"
     )
     seen = subprocess.run(

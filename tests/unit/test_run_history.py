@@ -10,10 +10,13 @@ import pytest
 
 from runner.config import build_config
 from runner.errors import ConfigError
-from runner.fixedrun import BENCHMARK_NAME, BenchmarkRow, measured_before, read_benchmark_rows
-from runner.records import WindowDetail, WindowResult, WindowRow
-from runner.results import ResultsWriter
-from runner.run import RunContext, check_resumable, holds_run, search_history
+from runner.measure.benchmark import BenchmarkRow
+from runner.measure.result import WindowDetail, WindowResult, WindowRow
+from runner.output.benchmark import BENCHMARK_NAME, read_benchmark_rows
+from runner.output.results import ResultsWriter
+from runner.run.benchmark import measured_before
+from runner.run.context import RunContext, check_resumable, holds_run
+from runner.search.history import search_history
 from tests.conftest import compose
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from runner.transport import add_read, scan_events
-from runner.window import RequestRecord
+from runner.measure.records import RequestRecord
+from runner.measure.transport import add_read, scan_events
 
 STREAM = (
     b'data: {"choices":[{"text":"a \\"token_ids\\":[9]","token_ids":[5,6]}]}\n\n'

@@ -7,8 +7,8 @@ import pytest
 
 from runner.config import SLO, Search
 from runner.errors import ConfigError
-from runner.search import Observation, SearchParams, Step, decide, next_step
-from runner.searchsim import SHAPES, Curve, draw_curve, run_policy
+from runner.search.policy import Observation, SearchParams, Step, decide, next_step
+from runner.search.simulator import SHAPES, Curve, draw_curve, run_policy
 
 BRACKET = SearchParams()
 SCREENED = SearchParams(screening=True)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from runner.errors import WorkloadError
-from runner.sharegpt import build_sharegpt_prompts, load_sharegpt
-from runner.tinymodel import ensure_tiny_model
-from runner.workload import load_tokenizer
+from runner.prepare.tinymodel import ensure_tiny_model
+from runner.workload.context_mix import load_tokenizer
+from runner.workload.sharegpt import build_sharegpt_prompts, load_sharegpt
 
 LONG_QUESTION = "Tell me about the old farm house near the river. " * 60
 

@@ -8,14 +8,9 @@ import pytest
 
 from runner.config import build_config
 from runner.errors import EngineError, SmokeError
-from runner.smoke import (
-    MEMORY_GROWTH_FLOOR_MIB,
-    SmokeCheck,
-    SmokeReport,
-    memory_tolerance_mib,
-    run_smoke,
-    tally_stream,
-)
+from runner.smoke import run_smoke
+from runner.smoke.probe import SmokeCheck, SmokeReport
+from runner.smoke.seed004 import MEMORY_GROWTH_FLOOR_MIB, memory_tolerance_mib, tally_stream
 from tests.conftest import compose
 
 

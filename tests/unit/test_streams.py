@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from runner.streams import (
+from runner.measure.streams import (
     BURST_LARGEST_CHUNK_SHARE,
     BURSTY_WINDOW_SHARE,
     MIN_JUDGED_TOKENS,

@@ -12,11 +12,11 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from optuna.trial import FixedTrial
 
-from runner import identity, validate
 from runner.cli import config_dir, to_plain
 from runner.config import build_config
 from runner.errors import ConfigError
-from runner.tune import (
+from runner.prepare import identity, validate
+from runner.run.tune import (
     DEFAULT_SPACE,
     Param,
     check_overrides,

@@ -8,7 +8,7 @@ import pytest
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
-from runner.validate import validate
+from runner.prepare.validate import validate
 
 HOPPER = {
     "name": "h200",

@@ -7,9 +7,9 @@ from array import array
 import numpy as np
 import pytest
 
-from runner.metrics import EngineMetrics
-from runner.records import TelemetrySummary
-from runner.window import MetricsSample, RequestRecord, WindowMeasurement, summarize_window
+from runner.measure.metrics import EngineMetrics
+from runner.measure.records import MetricsSample, RequestRecord, TelemetrySummary, WindowMeasurement
+from runner.measure.window import summarize_window
 
 T0, T1 = 100.0, 110.0  # a 10 s window on the client's monotonic clock
 

@@ -10,15 +10,15 @@ import pytest
 
 from runner.config import Bucket, Workload
 from runner.errors import WorkloadError
-from runner.tinymodel import ensure_tiny_model
-from runner.workload import (
-    assign_buckets,
+from runner.prepare.tinymodel import ensure_tiny_model
+from runner.workload.context_mix import (
     build_prompts,
     load_tokenizer,
     read_workload,
     shared_prefix_tokens,
     write_workload,
 )
+from runner.workload.prompt import assign_buckets
 
 SEED_004_TOTALS = [1000, 2000, 4000, 8000, 16000, 24000, 30000]
 
@@ -171,7 +171,7 @@ def test_a_tokenizer_that_merges_across_words_still_counts_exactly():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from runner.tinymodel import CHAT_TEMPLATE, SPECIAL_TOKENS, _corpus
+    from runner.prepare.tinymodel import CHAT_TEMPLATE, SPECIAL_TOKENS, _corpus
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)

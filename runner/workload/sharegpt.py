@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import WorkloadError
-from runner.records import Prompt
-from runner.workload import TEMPLATE_DATE
+from runner.workload.context_mix import TEMPLATE_DATE
+from runner.workload.prompt import Prompt
 
 log = logging.getLogger("runner")
 

@@ -19,8 +19,8 @@ from collections.abc import Callable
 import httpx
 
 from runner.errors import MeasurementError
-from runner.metrics import EngineMetrics, parse_metrics
-from runner.window import MetricsSample
+from runner.measure.metrics import EngineMetrics, parse_metrics
+from runner.measure.records import MetricsSample
 
 log = logging.getLogger("runner")
 

@@ -33,7 +33,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
-from runner.records import WindowResult
+from runner.measure.result import WindowResult
 
 logger = logging.getLogger("runner")
 

@@ -22,15 +22,17 @@ from datetime import UTC, datetime
 
 import httpx
 
-from runner.clienthealth import ClientHealthProbe, judge
 from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.errors import EngineError, MeasurementError
-from runner.load import LoadGenerator, auth_headers
-from runner.records import Prompt, WindowResult
-from runner.sampler import Sampler, metrics_client, read_metrics, wait_idle_async
-from runner.transport import run as run_async
-from runner.window import MetricsSample, WindowMeasurement, summarize_window
+from runner.measure.clienthealth import ClientHealthProbe, judge
+from runner.measure.load import LoadGenerator, auth_headers
+from runner.measure.records import MetricsSample, WindowMeasurement
+from runner.measure.result import WindowResult
+from runner.measure.sampler import Sampler, metrics_client, read_metrics, wait_idle_async
+from runner.measure.transport import run as run_async
+from runner.measure.window import summarize_window
+from runner.workload.prompt import Prompt
 
 log = logging.getLogger("runner")
 

@@ -45,7 +45,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from runner.records import WindowDetail, WindowRow
+from runner.measure.result import WindowDetail, WindowRow
 
 UNAVAILABLE = "unavailable"
 

@@ -87,24 +87,5 @@ class WindowResult:
     detail: WindowDetail
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One request of the frozen workload: exact token IDs after the chat template."""
-
-    id: str
-    bucket_total: int
-    prompt_tokens: int
-    max_tokens: int
-    token_ids: list[int]
-    text: str
 
 
-@dataclass(frozen=True)
-class TelemetrySummary:
-    """GPU telemetry over one window; ``None`` figures mean unavailable, not zero."""
-
-    available: bool
-    gpu_util_avg_pct: float | None
-    power_avg_w: float | None
-    samples: list[dict[str, Any]] = field(default_factory=list)
-    throttled: bool = False

@@ -26,10 +26,9 @@ from itertools import count
 
 import httpx
 
-from runner import transport as lean
-from runner.records import Prompt
-from runner.window import RequestRecord
-from runner.workload import assign_buckets, prompts_by_bucket
+from runner.measure import transport as lean
+from runner.measure.records import RequestRecord
+from runner.workload.prompt import Prompt, assign_buckets, prompts_by_bucket
 
 log = logging.getLogger("runner")
 

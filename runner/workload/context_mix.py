@@ -43,7 +43,7 @@ from typing import Any, Callable
 
 from runner.config import Workload
 from runner.errors import WorkloadError
-from runner.records import Prompt
+from runner.workload.prompt import Prompt, prompts_by_bucket
 
 log = logging.getLogger("runner")
 
@@ -184,22 +184,8 @@ def build_prompts(tokenizer: Any, workload: Workload) -> list[Prompt]:
     return prompts
 
 
-def assign_buckets(users: int, buckets: list[int]) -> list[int]:
-    """Bucket total of each user: round-robin, so any N >= len(buckets) covers them all."""
-    if users < 0 or not buckets:
-        raise WorkloadError(
-            f"Cannot assign {users} users to buckets {buckets}: the user count must not "
-            "be negative and the workload needs at least one bucket."
-        )
-    return [buckets[user % len(buckets)] for user in range(users)]
 
 
-def prompts_by_bucket(prompts: list[Prompt]) -> dict[int, list[Prompt]]:
-    """The prompts of each bucket total, in workload order."""
-    grouped: dict[int, list[Prompt]] = {}
-    for prompt in prompts:
-        grouped.setdefault(prompt.bucket_total, []).append(prompt)
-    return grouped
 
 
 def shared_prefix_tokens(prompts: list[Prompt]) -> int:

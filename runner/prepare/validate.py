@@ -12,7 +12,7 @@ from pathlib import Path
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
-from runner.launch import API_KEY_VARIABLE, TYPED_FLAGS, flag_name
+from runner.prepare.launch import API_KEY_VARIABLE, TYPED_FLAGS, flag_name
 
 _FP4 = {"nvfp4", "nvfp4a16"}
 _CPU_WEIGHTS = {"bf16", "fp32"}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from runner.search import Decision, Observation, SearchParams, Step, decide, next_step
+from runner.search.policy import Decision, Observation, SearchParams, Step, decide, next_step
 
 SHAPES = ("saturating", "kv_cliff", "interior_peak", "low_capacity")
 REFERENCE_WINDOW_S = 300.0

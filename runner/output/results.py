@@ -28,11 +28,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.text import Text
-
 from runner.errors import TrackingError
-from runner.records import BucketStats, WindowDetail, WindowResult, WindowRow
+from runner.measure.result import BucketStats, WindowDetail, WindowResult, WindowRow
 
 logger = logging.getLogger("runner")
 
@@ -113,56 +110,12 @@ def read_results(directory: Path) -> list[WindowResult]:
     return results
 
 
-def passes(row: WindowRow, floor: float | None) -> bool:
-    """Valid, and every user at or above the floor (when one is given)."""
-    return row.valid and (floor is None or row.min_user_tok_s >= floor)
 
 
-def console_line(
-    row: WindowRow, detail: WindowDetail | None = None, floor: float | None = None
-) -> str:
-    """The seed 004 section 8 console line, e.g. ``users=28 window=300s ... PASS``."""
-    parts = [
-        f"users={row.users}",
-        f"window={row.window_s:g}s",
-        f"aggregate_output_tok_s={_figure(row.aggregate_output_tok_s, 2)}",
-        f"min_user_tok_s={_figure(row.min_user_tok_s, 2)}",
-        f"ttft_p99_ms={_figure(row.ttft_p99_ms, 1)}",
-        f"request_latency_p99_ms={_figure(row.request_latency_p99_ms, 1)}",
-    ]
-    if detail is not None and detail.extra.get("bursty"):
-        # Streams arrived in bursts: per-token latencies of this window mislead (seed 000).
-        # Before the verdict, which stays last for the colouring in print_window; with
-        # the source when it is known: the server merged the tokens, or the client.
-        source = detail.extra.get("burst_source")
-        parts.append(f"BURSTY({source})" if source else "BURSTY")
-    if passes(row, floor):
-        return " ".join([*parts, "PASS"])
-    if not row.valid:
-        reasons = "; ".join(detail.invalid_reasons) if detail and detail.invalid_reasons else ""
-        verdict = f"FAIL (invalid: {reasons})" if reasons else "FAIL (invalid)"
-    else:
-        verdict = f"FAIL (min_user_tok_s {row.min_user_tok_s:.2f} < {floor:g})"
-    return " ".join([*parts, verdict])
 
 
-def print_window(
-    console: Console,
-    row: WindowRow,
-    detail: WindowDetail | None = None,
-    floor: float | None = None,
-) -> None:
-    """Print the console line, the verdict coloured so a FAIL stands out in a scroll."""
-    line = console_line(row, detail, floor)
-    style = "green" if passes(row, floor) else "red"
-    verdict_at = line.rfind(" PASS") if line.endswith("PASS") else line.find(" FAIL")
-    text = Text(line[:verdict_at])
-    text.append(line[verdict_at:], style=style)
-    console.print(text, highlight=False)
 
 
-def _figure(value: float | None, decimals: int) -> str:
-    return "n/a" if value is None else f"{value:.{decimals}f}"
 
 
 def _csv_text(row: dict[str, Any], *, header: bool) -> str:

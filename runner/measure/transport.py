@@ -23,7 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from runner.window import RequestRecord
+from runner.measure.records import RequestRecord
 
 T = TypeVar("T")
 

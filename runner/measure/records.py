@@ -1,0 +1,99 @@
+"""The raw records one window collects, before any statistics.
+
+They sit low in the tree so that the transports, the load generator and the
+samplers fill them without importing the statistics that read them
+(:mod:`runner.measure.window`). Times are seconds on the client's monotonic clock.
+"""
+
+from __future__ import annotations
+
+from array import array
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.measure.metrics import EngineMetrics
+
+
+@dataclass
+class RequestRecord:
+    """One streamed request, timed on the client's monotonic clock (seconds).
+
+    ``chunk_times[i]`` is when the i-th read carrying token IDs arrived and
+    ``chunk_tokens[i]`` how many token IDs it carried (several when the server
+    merged deltas into one event or several events arrived in one read);
+    kept compact because a long window at high concurrency holds millions of them,
+    and kept at all because bursty delivery (seed 000) shows only in their spacing.
+    """
+
+    user: int
+    bucket_total: int
+    prompt_id: str
+    dispatched_at: float
+    first_token_at: float | None = None
+    finished_at: float | None = None
+    chunk_times: array = field(default_factory=lambda: array("d"))
+    chunk_tokens: array = field(default_factory=lambda: array("I"))
+    # SSE events that carried token IDs: against the tokens, how much the server merged
+    # per event; against the reads, how many events the client took in at once.
+    token_events: int = 0
+    error: str | None = None
+    usage_completion_tokens: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.chunk_tokens)
+
+    def tokens_between(self, start: float, end: float) -> int:
+        """Token IDs whose chunk arrived in ``[start, end]``."""
+        first = bisect_left(self.chunk_times, start)
+        last = bisect_right(self.chunk_times, end)
+        return sum(self.chunk_tokens[first:last])
+
+
+@dataclass(frozen=True)
+class MetricsSample:
+    """One read of ``/metrics``: ``at`` is when its answer arrived (see
+    :mod:`runner.sampler` for why), ``took_s`` the GET's duration."""
+
+    at: float
+    metrics: EngineMetrics
+    took_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class WindowMeasurement:
+    """Everything one window collected, before any statistics.
+
+    ``t0``/``t1`` are the arrival stamps of the two boundary reads of
+    ``/metrics`` (``start``/``end``); ``end`` is None when it could not be read.
+    """
+
+    timestamp_utc: str
+    users: int
+    user_buckets: list[int]  # bucket total_tokens of user i
+    window_s: float  # nominal, as configured
+    t0: float
+    t1: float
+    records: list[RequestRecord]
+    start: EngineMetrics
+    end: EngineMetrics | None
+    samples: list[MetricsSample] = field(default_factory=list)
+    telemetry: TelemetrySummary | None = None
+    engine_fault: str | None = None
+    extra: dict = field(default_factory=dict)
+    # How long each boundary GET took: the server read its counter at some moment
+    # between sending and ``t0``/``t1``, and the audit allows for exactly that.
+    start_read_s: float = 0.0
+    end_read_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TelemetrySummary:
+    """GPU telemetry over one window; ``None`` figures mean unavailable, not zero."""
+
+    available: bool
+    gpu_util_avg_pct: float | None
+    power_avg_w: float | None
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    throttled: bool = False

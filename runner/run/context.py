@@ -1,0 +1,258 @@
+"""What a run knows about itself before any engine starts: its config, identity and folder."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from runner.config import RunConfig
+from runner.engines.base import LaunchPlan
+from runner.errors import ConfigError
+from runner.measure.result import WindowResult
+from runner.prepare import identity, launch, validate
+from runner.prepare.modelref import ResolvedModel
+
+log = logging.getLogger("runner")
+
+
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+
+
+CONTAINER_TINY_MODEL = "/models/tiny"
+
+
+@dataclass
+class RunContext:
+    """What one run knows about itself; written to manifest.json."""
+
+    config: RunConfig
+    config_id: str
+    family: str
+    run_id: str
+    results_dir: Path
+    manifest: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.config.cache_dir).expanduser()
+
+    def write_manifest(self) -> Path:
+        path = self.results_dir / "manifest.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str))
+        os.replace(tmp, path)
+        return path
+
+
+def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
+    """Validate, pin the model revision and name the run; raises ConfigError early."""
+    warnings = validate.validate(config)
+    config, resolved = pin_model(config, warnings)
+    config_id = identity.config_id(config)
+    run_id = config.run_id or identity.new_run_id(config)
+    results_dir = Path(config.results.dir).expanduser().resolve()
+    if config.run_id is not None:
+        results_dir = resume_folder(results_dir, run_id)
+    context = RunContext(
+        config=config,
+        config_id=config_id,
+        family=identity.family(config),
+        run_id=run_id,
+        results_dir=results_dir,
+    )
+    context.manifest.update(
+        run_id=run_id,
+        config_id=config_id,
+        family=context.family,
+        pinned=config.image.pinned and resolved.pinned,
+        image=config.image.model_dump(),
+        model=config.model.model_dump(),
+        model_revision={"requested": resolved.requested, "commit": resolved.commit, "source": resolved.source},
+        kv=config.kv.model_dump(),
+        engine=config.engine.model_dump(),
+        hardware=config.hw.model_dump() if config.hw else "cpu (no GPU profile)",
+        warnings=warnings,
+    )
+    return context, warnings
+
+
+def pin_model(config: RunConfig, warnings: list[str]) -> tuple[RunConfig, "ResolvedModel"]:
+    """Resolve the model revision to a commit before anything is downloaded (seed 004 §4).
+
+    The resolved commit replaces the requested branch in the config, so config_id
+    names the exact checkpoint. A measured run with an unresolved revision is refused
+    unless ``model.allow_unresolved_revision`` is set; such results are tagged unpinned.
+    """
+    from runner.prepare.modelref import ResolvedModel, resolve_revision
+    from runner.prepare.tinymodel import definition_hash
+
+    model = config.model
+    if model.generated:
+        return config, ResolvedModel(model.repo, None, None, f"generated locally (definition {definition_hash()})")
+    hf_cache = Path(config.backend.hf_cache).expanduser() if config.backend.hf_cache else None
+    resolved = resolve_revision(model, hf_cache, ask_hub=not config.dry_run)
+    if resolved.commit is None:
+        message = (
+            f"The revision {model.revision or 'main'!r} of {model.repo} could not be resolved to a "
+            f"commit ({resolved.source})."
+        )
+        if not (model.allow_unresolved_revision or config.dry_run):
+            raise ConfigError(
+                message + " A measured run must name the exact checkpoint (seed 004 §4): set "
+                "model.revision to the commit (the snapshot folder name in your Hugging Face "
+                "cache), make the Hub reachable, or set model.allow_unresolved_revision=true to "
+                "run anyway with results tagged unpinned."
+            )
+        warnings.append(message + " Results are tagged unpinned.")
+        return config, resolved
+    pinned_model = model.model_copy(update={"revision": resolved.commit})
+    return config.model_copy(update={"model": pinned_model}), resolved
+
+
+def model_location(context: RunContext) -> tuple[Path | None, str]:
+    """The model folder on this host (if local) and the path the engine is given."""
+    config = context.config
+    if config.model.generated:
+        from runner.prepare.tinymodel import ensure_tiny_model
+
+        folder = ensure_tiny_model(context.cache_dir, config.model.max_context)
+        if config.backend.kind == "docker":
+            return folder, CONTAINER_TINY_MODEL
+        return folder, str(folder)
+    if config.backend.kind == "docker":
+        host_folder = None
+        if config.backend.hf_cache and config.model.revision:
+            host_folder = Path(config.backend.hf_cache).expanduser() / launch.container_model_path(
+                config.model, hf_home=""
+            ).lstrip("/")
+        return host_folder, launch.container_model_path(config.model, hf_home=CONTAINER_HF_HOME)
+    return None, config.model.repo
+
+
+def build_plan(context: RunContext, engine_model_path: str, host_model_dir: Path | None) -> LaunchPlan:
+    config = context.config
+    host = "0.0.0.0" if config.backend.kind == "docker" else "127.0.0.1"
+    plan = launch.build_launch_plan(config, model_path=engine_model_path, host=host)
+    if config.model.generated and config.backend.kind == "docker" and host_model_dir is not None:
+        plan = LaunchPlan(
+            image=plan.image,
+            argv=plan.argv,
+            env=plan.env,
+            secret_env=plan.secret_env,
+            mounts=[*plan.mounts, (str(host_model_dir), CONTAINER_TINY_MODEL, "ro")],
+            port=plan.port,
+            gpus=plan.gpus,
+            model_path=plan.model_path,
+        )
+    return plan
+
+
+def check_engine_flags(context: RunContext, plan: LaunchPlan) -> str:
+    """Check every engine flag against the engine's own --help=all; say what was checked."""
+    from runner.prepare import flags
+
+    config = context.config
+    flags_cache = context.cache_dir
+    if config.backend.kind == "external":
+        return "unchecked (backend=external: runner does not launch the engine)"
+    if config.backend.kind == "process":
+        supported = flags.local_supported_flags(config.backend.python or _python(), flags_cache)
+        flags.check_flags(plan.argv, supported, "the local vLLM")
+        return "checked against the local vLLM's --help=all"
+    image = plan.image or config.image.reference
+    if not flags.image_present(image):
+        return f"unchecked: the image {image} is not present on this host"
+    supported = flags.supported_flags(image, cache_dir=flags_cache)
+    flags.check_flags(plan.argv, supported, image)
+    return f"checked against {image} --help=all"
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
+
+
+def engine_api_key(config: RunConfig) -> str | None:
+    """The engine's API key, read from the variable the config names (never stored)."""
+    return os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
+
+
+def resume_folder(results_dir: Path, run_id: str) -> Path:
+    """Where a run resumed by its run_id keeps its rows.
+
+    The default results.dir is a new timestamped folder per start, so the rows of the
+    interrupted run are in a sibling folder: the newest sibling whose manifest names
+    this run_id and that holds rows is used. A folder that already holds this run's
+    rows (results.dir given explicitly) is kept as it is.
+    """
+    if holds_run(results_dir, run_id):
+        return results_dir
+    candidates = []
+    for manifest in results_dir.parent.glob("*/manifest.json"):
+        folder = manifest.parent
+        if folder == results_dir:
+            continue
+        try:
+            named = json.loads(manifest.read_text()).get("run_id")
+        except (OSError, json.JSONDecodeError):
+            continue
+        if named == run_id and holds_run(folder, run_id):
+            candidates.append(folder)
+    if not candidates:
+        return results_dir
+    folder = max(candidates, key=lambda path: path.stat().st_mtime)
+    log.info("run %s resumes in %s, where its windows are", run_id, folder)
+    return folder
+
+
+def run_config_ids(folder: Path, run_id: str) -> set[str]:
+    """The config_ids of the rows ``run_id`` wrote in ``folder``: windows or a benchmark."""
+    from runner.output.benchmark import read_benchmark_rows
+    from runner.output.results import read_rows
+
+    rows = [*read_rows(folder), *read_benchmark_rows(folder)]
+    return {row.config_id for row in rows if row.run_id == run_id}
+
+
+def holds_run(folder: Path, run_id: str) -> bool:
+    return bool(run_config_ids(folder, run_id))
+
+
+def check_resumable(context: RunContext) -> None:
+    """A run_id resumes only the configuration it measured; raises ConfigError otherwise."""
+    others = run_config_ids(context.results_dir, context.run_id) - {context.config_id}
+    if others:
+        raise ConfigError(
+            f"run_id={context.run_id} already holds results of config_id "
+            f"{', '.join(sorted(others))} in {context.results_dir}, but this configuration "
+            f"is config_id {context.config_id}: resuming would mix two engine setups in one "
+            "run. Give the new configuration a new run_id, or resume with the configuration "
+            "that run measured (its manifest.json holds it)."
+        )
+
+
+def prior_windows(results_dir: Path, run_id: str) -> list[WindowResult]:
+    """Windows this run already measured (a resumed run skips them)."""
+    from runner.output.results import read_results
+
+    return [result for result in read_results(results_dir) if result.row.run_id == run_id]
+
+
+def tracking_tags(context: RunContext) -> dict[str, str]:
+    from runner.output.tracking import config_tags
+
+    config = context.config
+    return {
+        **config_tags(config),
+        "config_id": context.config_id,
+        "run_id": context.run_id,
+        "model_repo": f"{config.model.repo}@{config.model.revision or 'unresolved'}",
+        "kv_cache_dtype": config.kv.cache_dtype,
+        "family": context.family,
+        "backend": config.backend.kind,
+    }

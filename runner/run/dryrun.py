@@ -1,0 +1,38 @@
+"""A dry run: validate, print the exact launch plan, start nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+
+from runner.engines.base import LaunchPlan
+from runner.errors import EngineError, PreflightError
+from runner.prepare import launch
+from runner.run.context import RunContext, check_engine_flags
+
+
+def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> dict[str, Any]:
+    """Print the exact launch plan and exit: nothing is started."""
+    config = context.config
+    try:
+        flags_state = check_engine_flags(context, plan)
+    except EngineError:
+        raise
+    except (OSError, PreflightError) as exc:
+        flags_state = f"unchecked ({exc})"
+    console.print(launch.render_plan(plan), markup=False, highlight=False, soft_wrap=True)
+    if config.backend.kind == "docker":
+        line = launch.docker_run_line(plan, config.backend)
+        console.print("\nequivalent command:\n" + line, markup=False, highlight=False, soft_wrap=True)
+    if config.backend.kind == "docker":
+        pin = "pinned" if config.image.pinned else "UNPINNED (results would be tagged unpinned)"
+    else:
+        pin = f"not used (backend={config.backend.kind})"
+    console.print(
+        f"\nconfig_id={context.config_id} family={context.family} image={pin} flags: {flags_state}",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return {"config_id": context.config_id, "dry_run": True, "flags": flags_state}
