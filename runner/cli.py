@@ -18,42 +18,20 @@ from pathlib import Path
 from typing import Any
 
 import hydra
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import HydraException
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 from rich.console import Console
 from rich.markup import escape
 
+from runner.compose import config_dir, to_plain
 from runner.config import build_config, did_you_mean
 from runner.errors import ConfigError, RunnerError
+from runner.run.pipeline import execute
 
 log = logging.getLogger("runner")
-
-
-def config_dir() -> str:
-    """The packaged config folder: the repo's ``conf/`` or the installed ``runner.conf``.
-
-    Hydra resolves a relative ``config_path`` against the calling module, which breaks
-    for ``python -m runner`` from an installed package; an absolute path works in both.
-    """
-    repo_conf = Path(__file__).resolve().parent.parent / "conf"
-    if (repo_conf / "runner.yaml").exists():
-        return str(repo_conf)
-    from importlib.resources import files
-
-    return str(files("runner.conf"))
-
-
-def to_plain(cfg: DictConfig) -> dict[str, Any]:
-    try:
-        plain = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    except OmegaConfBaseException as exc:
-        raise ConfigError(
-            f"The composed config cannot be resolved: {exc}. Check the ${{...}} "
-            "interpolations and the keys marked ??? in your overrides and option files."
-        ) from exc
-    assert isinstance(plain, dict)
-    plain.pop("hydra", None)
-    return plain
 
 
 # Slot locks this process holds, kept open for its lifetime: the lock is what tells
@@ -102,8 +80,6 @@ def _terminate(signum: int, frame: Any) -> None:
 
 @hydra.main(config_path=config_dir(), config_name="runner", version_base="1.3")
 def app(cfg: DictConfig) -> Any:
-    from runner.run.pipeline import execute
-
     # Hydra sets the root logger to INFO; one log line per HTTP request would bury the
     # one console line per window that users read.
     for noisy in ("httpx", "httpcore", "urllib3", "docker", "alembic"):
@@ -124,7 +100,7 @@ def app(cfg: DictConfig) -> Any:
     except KeyboardInterrupt:
         err.print("[bold red]runner:[/] interrupted; the engine was stopped and rows written so far are kept.")
         sys.exit(130)
-    return summary.get("median_aggregate_tok_s")
+    return summary.objective
 
 
 def print_error(err: Console, exc: RunnerError) -> None:
@@ -133,29 +109,25 @@ def print_error(err: Console, exc: RunnerError) -> None:
 
 
 def _in_multirun() -> bool:
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_composes(args: list[str]) -> None:
+def check_composes(args: list[str]) -> bool:
     """Compose the config as Hydra is about to, so that an override Hydra refuses (a
     mistyped key or option) ends as runner's one paragraph instead of Hydra's report.
 
     Only for a plain single run: with any Hydra flag (``-m``, ``--cfg``, ``-cn``, ...)
-    Hydra's own handling stays in charge. Raises :class:`ConfigError`.
+    Hydra's own handling stays in charge. Returns whether the check ran; raises
+    :class:`ConfigError`.
     """
     if any(arg.startswith("-") for arg in args):
-        return
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-
+        return False
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             compose(config_name="runner", overrides=args)
     except HydraException as exc:
         raise ConfigError(_override_paragraph(exc)) from exc
+    return True
 
 
 def _override_paragraph(exc: Exception) -> str:

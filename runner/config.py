@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
 from runner.errors import ConfigError
@@ -151,57 +152,85 @@ class Bucket(Strict):
     total_tokens: int = Field(gt=0)
 
 
-class Workload(Strict):
-    """What the simulated users send (``workload/``).
-
-    ``context_mix`` is seed 004's bucketed mix, measured by the concurrency search;
-    ``sharegpt`` is seed 000's fixed-concurrency benchmark over a local ShareGPT file
-    (``num_prompts``, ``max_seconds`` and ``concurrency`` belong to it alone).
-    """
+class WorkloadBase(Strict):
+    """What every workload kind has: its name and how each request is sent."""
 
     name: str
-    kind: Literal["context_mix", "sharegpt"] = "context_mix"
-    buckets: list[Bucket] = Field(default_factory=list)
     max_tokens: int | None = Field(default=None, gt=0)
     ignore_eos: bool = True
-    prompts_per_bucket: int = Field(default=64, ge=1)
     seed: int = 0
-    temperature: float = 0.0
+    temperature: float = Field(default=0.0, ge=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
-    dataset_path: str | None = None
+
+
+class ContextMixWorkload(WorkloadBase):
+    """Seed 004's bucketed mix, measured by the concurrency search (``workload/``)."""
+
+    kind: Literal["context_mix"] = "context_mix"
+    buckets: list[Bucket] = Field(min_length=1)
+    prompts_per_bucket: int = Field(default=64, ge=1)
+
+    @property
+    def largest_total(self) -> int:
+        return max(bucket.total_tokens for bucket in self.buckets)
+
+
+class ShareGPTWorkload(WorkloadBase):
+    """Seed 000's fixed-concurrency benchmark over a local ShareGPT file; no search."""
+
+    kind: Literal["sharegpt"]
+    ignore_eos: bool = False
+    dataset_path: str
     num_prompts: int | None = Field(default=None, ge=1)
     max_seconds: float | None = Field(default=None, gt=0)
     concurrency: int | None = Field(default=None, ge=1)
 
-    @model_validator(mode="after")
-    def _kind_has_its_input(self) -> Workload:
-        if self.kind == "context_mix" and not self.buckets:
-            raise ValueError("a context_mix workload needs at least one bucket")
-        if self.kind == "sharegpt" and not self.dataset_path:
-            raise ValueError("a sharegpt workload needs dataset_path, a local ShareGPT JSON file")
-        return self
 
-    @property
-    def largest_total(self) -> int:
-        return max((bucket.total_tokens for bucket in self.buckets), default=0)
+def _workload_kind(value: Any) -> str:
+    # A workload file written before kinds existed is a context mix.
+    if isinstance(value, dict):
+        return value.get("kind", "context_mix")
+    return getattr(value, "kind", "context_mix")
 
 
-class Search(Strict):
-    """How concurrency is searched (``search/``)."""
+# What the simulated users send, told apart by ``kind``: a YAML carries only its kind's keys.
+Workload = Annotated[
+    Annotated[ContextMixWorkload, Tag("context_mix")] | Annotated[ShareGPTWorkload, Tag("sharegpt")],
+    Discriminator(_workload_kind),
+]
 
-    kind: Literal["bracket", "fixed"]
-    users: list[int] = Field(default_factory=list)
-    start_users: int = Field(default=7, ge=1)
-    max_users: int = Field(default=1024, ge=1)
+
+class SearchBase(Strict):
+    """What every search kind has: the window protocol (seed 004 §7)."""
+
     window_s: float = Field(default=300.0, gt=0)
-    screening_window_s: float | None = Field(default=None, gt=0)
     warmup_s: float = Field(default=30.0, ge=0)
     drain_timeout_s: float = Field(default=600.0, gt=0)
+    metrics_interval_s: float = Field(default=1.0, gt=0)
+
+
+class BracketSearch(SearchBase):
+    """Seed 004 §9's bracket-and-refine search for the best user count."""
+
+    kind: Literal["bracket"]
+    start_users: int = Field(default=7, ge=1)
+    max_users: int = Field(default=1024, ge=1)
+    screening_window_s: float | None = Field(default=None, gt=0)
     confirm_repeats: int = Field(default=3, ge=0)
     coarse_margin_tok_s: float = Field(default=0.5, ge=0)
     negligible_gain_pct: float = Field(default=2.0, ge=0)
     neighbourhood: int = Field(default=2, ge=0)
-    metrics_interval_s: float = Field(default=1.0, gt=0)
+
+
+class FixedSearch(SearchBase):
+    """One window per listed user count, in order: no search."""
+
+    kind: Literal["fixed"]
+    users: list[Annotated[int, Field(ge=1)]] = Field(min_length=1)
+
+
+# How concurrency is searched (``search/``), told apart by ``kind``.
+Search = Annotated[BracketSearch | FixedSearch, Field(discriminator="kind")]
 
 
 class SLO(Strict):
@@ -287,7 +316,7 @@ def build_config(data: dict[str, Any]) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'])}: {error['msg']}"
+            f"{'.'.join(user_path(error['loc']))}: {error['msg']}"
             + (did_you_mean(error["loc"]) if error["type"] == "extra_forbidden" else "")
             for error in exc.errors()
         )
@@ -299,34 +328,65 @@ def build_config(data: dict[str, Any]) -> RunConfig:
 
 
 def known_keys(path: Sequence[str | int]) -> list[str]:
-    """The keys runner's schema allows under ``path`` (e.g. ``("engine",)``); [] if none."""
-    model: Any = RunConfig
-    for part in path:
-        if isinstance(part, int):
-            continue  # an item of a list of models, e.g. workload.buckets[0]
-        field = model.model_fields.get(part) if _is_model(model) else None
-        if field is None:
+    """The keys runner's schema allows under ``path`` (e.g. ``("engine",)``); [] if none.
+
+    Under a union told apart by ``kind`` (``search``, ``workload``) the keys of every kind
+    count, unless the path names the kind, as pydantic's error locations do.
+    """
+    models: list[Any] = [RunConfig]
+    for part in user_path(path):
+        models = [
+            found
+            for model in models
+            if (field := model.model_fields.get(part)) is not None
+            for found in _models_in(field.annotation)
+        ]
+        if not models:
             return []
-        model = _model_in(field.annotation)
-    return list(model.model_fields) if _is_model(model) else []
+    return list(dict.fromkeys(key for model in models for key in model.model_fields))
+
+
+def user_path(loc: Sequence[str | int]) -> list[str]:
+    """A validation error's location as a user writes the key: list indices and the
+    ``kind`` tags pydantic inserts for a union (``search.bracket.window_s``) dropped."""
+    models: list[Any] = [RunConfig]
+    path: list[str] = []
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        fields = [model.model_fields.get(part) for model in models]
+        found = [field for field in fields if field is not None]
+        if not found:
+            tagged = [model for model in models if part in _kinds(model)]
+            if tagged:
+                models = tagged
+                continue
+            path.append(str(part))
+            models = []
+            continue
+        path.append(str(part))
+        models = [model for field in found for model in _models_in(field.annotation)]
+    return path
+
+
+def _kinds(model: Any) -> tuple[Any, ...]:
+    field = model.model_fields.get("kind") if _is_model(model) else None
+    return get_args(field.annotation) if field is not None else ()
 
 
 def _is_model(kind: Any) -> bool:
     return isinstance(kind, type) and issubclass(kind, BaseModel)
 
 
-def _model_in(annotation: Any) -> Any:
-    """The model class inside ``X``, ``X | None`` or ``list[X]``, if any."""
+def _models_in(annotation: Any) -> list[Any]:
+    """The model classes inside ``X``, ``X | None``, ``list[X]`` or a union of models."""
     if _is_model(annotation):
-        return annotation
-    for arg in get_args(annotation):
-        found = _model_in(arg)
-        if found is not None:
-            return found
-    return None
+        return [annotation]
+    return [model for arg in get_args(annotation) for model in _models_in(arg)]
 
 
 def did_you_mean(loc: Sequence[str | int]) -> str:
     """" (did you mean engine.max_num_seqs?)" for an unknown key ``loc``; "" if nothing is close."""
-    close = difflib.get_close_matches(str(loc[-1]), known_keys(loc[:-1]), n=1)
-    return f" (did you mean {'.'.join(map(str, [*loc[:-1], close[0]]))}?)" if close else ""
+    path = user_path(loc)
+    close = difflib.get_close_matches(path[-1], known_keys(path[:-1]), n=1) if path else []
+    return f" (did you mean {'.'.join([*path[:-1], close[0]])}?)" if close else ""

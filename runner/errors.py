@@ -10,7 +10,8 @@
     |   +-- SmokeError          it failed a check run before any measured window
     +-- WorkloadError           prompts could not be built to the exact token counts
     +-- MeasurementError        a window could not be measured (metrics unreadable, ...)
-    +-- TrackingError           results could not be recorded
+    +-- ResultsError            the results folder could not be written or read
+    +-- TrackingError           MLflow could not record the run
 
 The entry point turns a RunnerError into one paragraph and a non-zero exit.
 Library exceptions are translated at the boundary and re-raised ``from exc``.
@@ -65,5 +66,9 @@ class MeasurementError(RunnerError):
     exit_code = 3
 
 
+class ResultsError(RunnerError):
+    """The results folder (rows, details, benchmark row) could not be written or read."""
+
+
 class TrackingError(RunnerError):
-    """Results could not be written to the results folder or MLflow."""
+    """MLflow could not record the run (store unreachable, locked, or refusing a value)."""

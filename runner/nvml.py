@@ -1,12 +1,14 @@
 """NVIDIA's management library (NVML), shared by the GPU preflight and the telemetry.
 
-``pynvml`` (package ``nvidia-ml-py``) is imported lazily: this module also imports on
-machines without the NVIDIA driver, where :func:`nvml_available` is False.
+``pynvml`` (package ``nvidia-ml-py``) imports on machines without the NVIDIA driver;
+there NVML fails to initialise and :func:`nvml_available` is False.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+import pynvml
 
 # nvmlClocksEventReasons bits (nvml.h). Idle, application clocks, sync boost and
 # display clocks are the GPU being asked for less, not the GPU holding itself back.
@@ -48,8 +50,6 @@ def throttle_reasons(bits: int, mask: int = THROTTLE_MASK) -> list[str]:
 
 # -- NVML --------------------------------------------------------------------------
 def load() -> Any:
-    import pynvml
-
     return pynvml
 
 

@@ -15,6 +15,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+from hydra import initialize_config_dir
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from optuna.trial import TrialState
+from rich.console import Console
+
+from runner.cli import _terminate
+from runner.compose import config_dir
 from runner.errors import ConfigError, RunnerError
 from runner.run.tune import (
     DEFAULT_SPACE,
@@ -31,10 +40,6 @@ log = logging.getLogger("runner")
 
 
 def tune(args: argparse.Namespace) -> int:
-    from hydra import initialize_config_dir
-
-    from runner.cli import _terminate, config_dir
-
     space = parse_space(load_space(args.space) if args.space else DEFAULT_SPACE)
     check_overrides(space, args.overrides)
     results_dir = Path(args.results_dir or f"results/tune/{args.study}").expanduser().resolve()
@@ -54,10 +59,6 @@ def tune(args: argparse.Namespace) -> int:
 
 
 def load_space(path: str) -> dict[str, Any]:
-    import yaml
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     try:
         data = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     except (OSError, yaml.YAMLError, OmegaConfBaseException) as exc:
@@ -68,9 +69,6 @@ def load_space(path: str) -> dict[str, Any]:
 
 
 def print_best(study: Any) -> None:
-    from optuna.trial import TrialState
-    from rich.console import Console
-
     console = Console(highlight=False, soft_wrap=True)
     scored = [
         trial for trial in study.get_trials(deepcopy=False) if trial.state == TrialState.COMPLETE
@@ -109,7 +107,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3", "docker", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from rich.console import Console
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:

@@ -27,7 +27,7 @@ from docker.types import DeviceRequest
 
 import docker
 from runner.config import RunConfig
-from runner.engines.base import EngineFault, LaunchPlan
+from runner.engines.base import EngineFault, LaunchPlan, container_fault
 from runner.engines.process import secret_values
 from runner.errors import EngineStartError, PreflightError
 
@@ -360,21 +360,8 @@ class DockerEngine:
             return EngineFault(reason="the engine container was removed")
         except docker.errors.DockerException as exc:
             return EngineFault(reason=f"the engine container cannot be inspected ({exc})")
-        state = self.container.attrs.get("State", {})
-        status = state.get("Status")
-        oom_killed = bool(state.get("OOMKilled"))
-        if status in ("exited", "dead"):
-            exit_code = state.get("ExitCode")
-            reason = f"the engine container exited with status {exit_code}"
-            if oom_killed:
-                reason += " (killed for lack of memory)"
-            return EngineFault(reason=reason, exit_code=exit_code, oom_killed=oom_killed)
-        restarts = self.container.attrs.get("RestartCount", 0)
-        if restarts:
-            return EngineFault(
-                reason=f"the engine container restarted {restarts} time(s)", oom_killed=oom_killed
-            )
-        return None
+        attrs = self.container.attrs
+        return container_fault(attrs.get("State", {}), attrs.get("RestartCount", 0))
 
     def log_tail(self, lines: int = 40) -> str:
         """The last ``lines`` lines of the engine log."""

@@ -20,6 +20,8 @@ class ExternalEngine:
         self.base_url = url.rstrip("/")
         self.api_key = api_key
         self.ready_s: float | None = None
+        self.image_id: str | None = None
+        self.repo_digests: list[str] = []
 
     def __enter__(self) -> "ExternalEngine":
         try:

@@ -11,6 +11,7 @@ in runner's session the longest stall was 13 ms.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import signal
@@ -25,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from runner.engines.base import EngineFault, LaunchPlan
+from runner.engines.base import EngineFault, LaunchPlan, process_fault
 from runner.errors import EngineStartError
 
 log = logging.getLogger("runner")
@@ -44,8 +45,6 @@ def _die_with_parent() -> None:
     would find its port taken. Linux's parent-death signal closes that gap.
     """
     try:
-        import ctypes
-
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:  # not glibc Linux: teardown then relies on __exit__ and signals
         pass
@@ -135,6 +134,8 @@ class ProcessEngine:
         self.startup_timeout_s = startup_timeout_s
         self.python = python or sys.executable
         self.ready_s: float | None = None
+        self.image_id: str | None = None
+        self.repo_digests: list[str] = []
         self._process: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> "ProcessEngine":
@@ -182,11 +183,7 @@ class ProcessEngine:
         code = self._process.poll()
         if code is None:
             return None
-        return EngineFault(
-            f"the engine process exited with status {code}",
-            exit_code=code,
-            oom_killed=code in (-signal.SIGKILL, 137),
-        )
+        return process_fault(code)
 
     def log_tail(self, lines: int = 40) -> str:
         return read_tail(self.log_path, lines)

@@ -1,4 +1,42 @@
-"""Seed 000's fixed-concurrency benchmark: the load and its figures."""
+"""Seed 000's fixed-concurrency benchmark over a ShareGPT file: one row of figures.
+
+Seed 000 runs ``--dataset ShareGPT_V3_unfiltered_cleaned_split.json --num-prompts 1000
+--max-seconds 900 --concurrency 32 --max-tokens 256`` and reports aggregate prefill and
+decode tok/s, median TTFT and TPOT, the error count and how many prompts completed
+within the time cap. ``workload.kind=sharegpt`` runs the same benchmark instead of the
+concurrency search (:mod:`runner.run.benchmark`).
+
+The load: ``workload.concurrency`` persistent users (:class:`runner.measure.load.LoadGenerator`)
+take the next prompt from one shared queue, each prompt once in the workload's order,
+with zero think time, until every prompt is sent or ``workload.max_seconds`` have passed
+since the start. At the cap no further prompt is sent and the requests in flight run to
+completion (each is bounded by ``workload.request_timeout_s``), and they count: seed 000
+hit its 900 s cap at 361/1000 prompts and reports a 938 s run with 0 errors, so its
+in-flight prompts finished after the cap.
+
+The figures (:func:`summarize_benchmark`), as seed 000's report uses them:
+
+* ``duration_s``: from the start of the load to the end of the last request (938 s in
+  seed 000: the cap plus the tail of the requests in flight);
+* ``prefill_tok_s``: prompt tokens of the completed requests / ``duration_s``;
+* ``decode_tok_s``: output tokens of the completed requests / ``duration_s``; both are
+  whole-system aggregates over the run, not per-stream rates ("aggregate, conc 32" in
+  seed 000). Its figures are consistent with exactly these definitions: 96.9 tok/s x
+  938 s / 361 prompts is 252 output tokens per prompt (just under its 256 cap) and
+  115.2 x 938 / 361 is 299 prompt tokens, a typical first ShareGPT turn;
+* ``ttft_median_ms``: median over completed requests of first-token arrival minus
+  dispatch, queueing included (seed 000's 78.7 s with 32 long prompts admitted at once);
+* ``tpot_median_ms``: median over completed requests of their time per output token,
+  first chunk to last chunk over the tokens that arrived after the first chunk
+  (:func:`runner.measure.streams.stream_timing`). When the server delivers a queued stream's
+  tokens in one burst just before it ends, first and last arrive together and TPOT
+  reads about 0 ms: seed 000's "TPOT 0.0 ms" artefact is reproduced, not hidden, and
+  ``bursty`` says so (:func:`runner.measure.streams.summarize_streams`); ``decode_tok_s`` is
+  then the honest decode figure.
+
+Failed requests are counted in ``errors`` and left out of the figures; a figure that
+cannot be measured is None, never 0.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +52,10 @@ import numpy as np
 from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.measure import transport
+from runner.measure.load import LoadGenerator, auth_headers
 from runner.measure.metrics import EngineMetrics
 from runner.measure.records import RequestRecord
+from runner.measure.sampler import metrics_client, read_metrics, wait_idle_async
 from runner.measure.streams import summarize_streams
 from runner.workload.prompt import Prompt
 
@@ -99,7 +139,7 @@ def summarize_benchmark(
     ttft = [r.first_token_at - r.dispatched_at for r in completed if r.first_token_at is not None]
     measured = duration is not None and duration > 0 and bool(completed)
     decode_tok_s = output_tokens / duration if measured else None
-    streams = summarize_streams(completed, decode_tok_s) if completed else {}
+    streams = summarize_streams(completed, decode_tok_s or 0.0) if completed else None
     return BenchmarkRow(
         timestamp_utc=m.timestamp_utc,
         run_id=run_id,
@@ -118,10 +158,10 @@ def summarize_benchmark(
         prefill_tok_s=prompt_tokens / duration if measured else None,
         decode_tok_s=decode_tok_s,
         ttft_median_ms=_median_ms(ttft),
-        tpot_median_ms=streams.get("tpot_p50_ms"),
-        bursty=streams.get("bursty"),
-        burst_share=streams.get("burst_share"),
-        burst_source=streams.get("burst_source"),
+        tpot_median_ms=streams.tpot_p50_ms if streams else None,
+        bursty=streams.bursty if streams else None,
+        burst_share=streams.burst_share if streams else None,
+        burst_source=streams.burst_source if streams else None,
         server_prompt_tokens=_counter_delta(m.server_start, m.server_end, "prompt_tokens_total"),
         server_output_tokens=_counter_delta(
             m.server_start, m.server_end, "generation_tokens_total"
@@ -142,9 +182,6 @@ def measure_benchmark(
 async def _measure(
     engine: RunningEngine, config: RunConfig, prompts: Sequence[Prompt], api_key: str | None
 ) -> BenchmarkMeasurement:
-    from runner.measure.load import LoadGenerator, auth_headers
-    from runner.measure.sampler import metrics_client, read_metrics, wait_idle_async
-
     workload, drain_s = config.workload, config.search.drain_timeout_s
     assert workload.concurrency is not None  # validated
     headers = auth_headers(api_key)

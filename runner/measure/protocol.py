@@ -25,7 +25,7 @@ import httpx
 from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.errors import EngineError, MeasurementError
-from runner.measure.clienthealth import ClientHealthProbe, judge
+from runner.measure.clienthealth import ClientHealthProbe
 from runner.measure.load import LoadGenerator, auth_headers
 from runner.measure.records import MetricsSample, WindowMeasurement
 from runner.measure.result import WindowResult
@@ -66,6 +66,7 @@ def run_window(
         config_id=config_id,
         phase=phase,
         audit_tolerance_pct=config.slo.audit_tolerance_pct,
+        max_loop_lag_ms=config.slo.max_loop_lag_ms,
     )
     log.debug(
         "window users=%d aggregate=%.1f tok/s server=%s audit=%s valid=%s",
@@ -102,16 +103,6 @@ def collect_window(
             api_key=api_key,
         )
     )
-
-
-def wait_idle(base_url: str, timeout_s: float, api_key: str | None = None) -> None:
-    """Block until the engine reports zero running and zero waiting requests."""
-
-    async def wait() -> None:
-        async with metrics_client(base_url, auth_headers(api_key)) as client:
-            await wait_idle_async(client, timeout_s)
-
-    asyncio.run(wait())
 
 
 def _raise_if_fault(engine: RunningEngine, when: str) -> None:
@@ -165,7 +156,7 @@ async def _collect(
         finally:
             # Stopped even when the window fails, so no telemetry thread outlives it.
             telemetry_summary = telemetry.stop() if telemetry is not None else None
-            client = judge(await probe.stop(), config.slo.max_loop_lag_ms)
+            client = await probe.stop()
         ended_at = end.at if end is not None else time.monotonic()
         sampler_task.cancel()
         (sampler_outcome,) = await asyncio.gather(sampler_task, return_exceptions=True)
@@ -189,19 +180,13 @@ async def _collect(
         end=end.metrics if end is not None else None,
         samples=samples,
         telemetry=telemetry_summary,
-        engine_fault=fault.reason if fault is not None else None,
+        engine_fault=fault,
+        client=client,
+        warmup_s=search.warmup_s,
+        cancelled_at_drain=cancelled,
+        failed_metric_reads=sampler.failed_reads,
         start_read_s=start.took_s,
         end_read_s=end.took_s if end is not None else 0.0,
-        extra={
-            "client": client.as_dict(),
-            "warmup_s": search.warmup_s,
-            "requests_total": len(load.records),
-            "cancelled_at_drain": cancelled,
-            "failed_metric_reads": sampler.failed_reads,
-            "boundary_read_ms": [
-                round(sample.took_s * 1000, 3) for sample in (start, end) if sample is not None
-            ],
-        },
     )
 
 

@@ -12,6 +12,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from typing import Any
 
+from runner.engines.base import EngineFault
 from runner.measure.metrics import EngineMetrics
 
 
@@ -80,8 +81,11 @@ class WindowMeasurement:
     end: EngineMetrics | None
     samples: list[MetricsSample] = field(default_factory=list)
     telemetry: TelemetrySummary | None = None
-    engine_fault: str | None = None
-    extra: dict = field(default_factory=dict)
+    engine_fault: EngineFault | None = None
+    client: ClientHealth | None = None
+    warmup_s: float = 0.0
+    cancelled_at_drain: int = 0
+    failed_metric_reads: int = 0
     # How long each boundary GET took: the server read its counter at some moment
     # between sending and ``t0``/``t1``, and the audit allows for exactly that.
     start_read_s: float = 0.0
@@ -97,3 +101,20 @@ class TelemetrySummary:
     power_avg_w: float | None
     samples: list[dict[str, Any]] = field(default_factory=list)
     throttled: bool = False
+
+
+@dataclass(frozen=True)
+class ClientHealth:
+    """The client's own figures over one window; ``None`` means unavailable."""
+
+    loop_lag_p99_ms: float | None
+    loop_lag_max_ms: float | None
+    cpu_pct: float | None
+    open_connections: int | None
+    users: int
+    kept_up: bool = True
+    reasons: tuple[str, ...] = ()
+
+
+
+

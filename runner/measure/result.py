@@ -12,6 +12,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from pydantic import TypeAdapter
+
+from runner.engines.base import EngineFault
+from runner.measure.records import ClientHealth
+from runner.measure.streams import StreamSummary
+
 
 @dataclass(frozen=True)
 class WindowRow:
@@ -62,6 +68,17 @@ class BucketStats:
 
 
 @dataclass(frozen=True)
+class QueueSummary:
+    """What the 1 Hz ``/metrics`` samples say about the scheduler (seed 004 §10 cues)."""
+
+    samples: int
+    running_mean: float | None
+    running_max: float | None
+    waiting_mean: float | None
+    waiting_max: float | None
+
+
+@dataclass(frozen=True)
 class WindowDetail:
     """Everything measured about one window beyond the row."""
 
@@ -75,10 +92,28 @@ class WindowDetail:
     requests_dispatched: int
     requests_completed: int
     invalid_reasons: list[str] = field(default_factory=list)
-    extra: dict[str, Any] = field(default_factory=dict)
+    measured_window_s: float | None = None
+    warmup_s: float | None = None
+    queue: QueueSummary | None = None
+    streams: StreamSummary | None = None
+    client: ClientHealth | None = None
+    engine_fault: EngineFault | None = None
+    telemetry_throttled: bool | None = None
+    errors: list[str] = field(default_factory=list)
+    # Streamed token IDs against the server's own usage count, per request.
+    usage_mismatches: int = 0
+    requests_total: int = 0
+    cancelled_at_drain: int = 0
+    failed_metric_reads: int = 0
+    boundary_read_ms: list[float] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WindowDetail:
+        """A detail as ``windows_detail.jsonl`` holds it, nested values typed again."""
+        return _DETAIL.validate_python(data)
 
 
 @dataclass(frozen=True)
@@ -87,5 +122,4 @@ class WindowResult:
     detail: WindowDetail
 
 
-
-
+_DETAIL = TypeAdapter(WindowDetail)

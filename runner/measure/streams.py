@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -138,12 +138,34 @@ def _ms(values: np.ndarray, q: float) -> float | None:
     return float(np.percentile(values, q) * 1000.0) if values.size else None
 
 
-def summarize_streams(streams: Sequence[Chunked], decode_tok_s_aggregate: float) -> dict[str, Any]:
-    """Window figures for ``detail.extra``: TPOT/ITL, tokens per chunk, the burst flag.
+@dataclass(frozen=True)
+class StreamSummary:
+    """A window's (or benchmark's) stream figures: TPOT/ITL, chunking and the burst flag.
 
-    ``streams`` are the window's completed requests; ``decode_tok_s_aggregate`` is the
-    tokens the client received in the window over its length, reported beside the
-    per-stream figures because it stays honest when they do not (seed 000).
+    ``None`` figures are unavailable (no stream long enough to judge), never zero.
+    """
+
+    tpot_p50_ms: float | None
+    itl_p50_ms: float | None
+    itl_p99_ms: float | None
+    bursty: bool
+    burst_share: float | None
+    bursty_requests: int
+    judged_requests: int
+    burst_source: str | None
+    tokens_per_chunk_mean: float | None
+    tokens_per_event_mean: float | None
+    events_per_read_mean: float | None
+    largest_chunk_share_p50: float | None
+    decode_tok_s_aggregate: float
+
+
+def summarize_streams(streams: Sequence[Chunked], decode_tok_s_aggregate: float) -> StreamSummary:
+    """TPOT/ITL, tokens per chunk and the burst flag over ``streams``.
+
+    ``streams`` are the completed requests; ``decode_tok_s_aggregate`` is the tokens the
+    client received over the measured span, reported beside the per-stream figures
+    because it stays honest when they do not (seed 000).
     """
     timings = [stream_timing(stream) for stream in streams]
     judged = [t for t in timings if t.judged]
@@ -155,24 +177,24 @@ def summarize_streams(streams: Sequence[Chunked], decode_tok_s_aggregate: float)
     chunks = sum(t.chunks for t in timings)
     counted = [t for t in timings if t.events]
     counted_events = sum(t.events or 0 for t in counted)
-    return {
-        "tpot_p50_ms": _ms(tpots, 50),
-        "itl_p50_ms": _ms(gaps, 50),
-        "itl_p99_ms": _ms(gaps, 99),
-        "bursty": burst_share is not None and burst_share > BURSTY_WINDOW_SHARE,
-        "burst_share": burst_share,
-        "bursty_requests": bursty,
-        "judged_requests": len(judged),
-        "burst_source": _window_burst_source(judged),
-        "tokens_per_chunk_mean": tokens / chunks if chunks else None,
-        "tokens_per_event_mean": (
+    return StreamSummary(
+        tpot_p50_ms=_ms(tpots, 50),
+        itl_p50_ms=_ms(gaps, 50),
+        itl_p99_ms=_ms(gaps, 99),
+        bursty=burst_share is not None and burst_share > BURSTY_WINDOW_SHARE,
+        burst_share=burst_share,
+        bursty_requests=bursty,
+        judged_requests=len(judged),
+        burst_source=_window_burst_source(judged),
+        tokens_per_chunk_mean=tokens / chunks if chunks else None,
+        tokens_per_event_mean=(
             sum(t.tokens for t in counted) / counted_events if counted_events else None
         ),
-        "events_per_read_mean": (
+        events_per_read_mean=(
             counted_events / sum(t.chunks for t in counted) if counted_events else None
         ),
-        "largest_chunk_share_p50": (
+        largest_chunk_share_p50=(
             float(np.median([t.largest_chunk_share for t in judged])) if judged else None
         ),
-        "decode_tok_s_aggregate": decode_tok_s_aggregate,
-    }
+        decode_tok_s_aggregate=decode_tok_s_aggregate,
+    )

@@ -20,7 +20,7 @@ from runner.nvml import HARD_THROTTLE_MASK, clock_events, load, nvml_available, 
 log = logging.getLogger("runner")
 
 
-def summarise_samples(samples: list[dict[str, Any]]) -> TelemetrySummary:
+def summarize_samples(samples: list[dict[str, Any]]) -> TelemetrySummary:
     """Averages over a window's samples; ``None`` (unavailable), never zero, when unread.
 
     ``gpu_util_avg_pct`` is the mean over all GPUs and ticks. ``power_avg_w`` is the
@@ -78,7 +78,7 @@ class GpuSampler:
         self._stop.set()
         self._thread.join(timeout=10 * self.interval_s + 5)
         self._thread = None
-        return summarise_samples(self.samples)
+        return summarize_samples(self.samples)
 
     def _run(self) -> None:
         nvml = load()

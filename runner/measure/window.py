@@ -19,8 +19,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from runner.measure.gates import judge
 from runner.measure.records import MetricsSample, RequestRecord, WindowMeasurement
-from runner.measure.result import BucketStats, WindowDetail, WindowResult, WindowRow
+from runner.measure.result import BucketStats, QueueSummary, WindowDetail, WindowResult, WindowRow
 from runner.measure.streams import summarize_streams
 
 
@@ -105,8 +106,13 @@ def summarize_window(
     config_id: str,
     phase: str,
     audit_tolerance_pct: float,
+    max_loop_lag_ms: float | None = None,
 ) -> WindowResult:
-    """The seed 004 section 8 row and its detail for one measured window."""
+    """The seed 004 section 8 row and its detail for one measured window.
+
+    ``max_loop_lag_ms`` is the client's loop-lag limit (:func:`runner.measure.gates.judge`);
+    None leaves the client's own health unjudged.
+    """
     m = measurement
     span_s = m.t1 - m.t0
     if span_s <= 0:
@@ -154,10 +160,11 @@ def summarize_window(
             f"{audit_pct:.3f}% beyond what the boundary reads allow (> {audit_tolerance_pct}%)"
         )
     if m.engine_fault is not None:
-        invalid.append(f"engine fault: {m.engine_fault}")
-    client = m.extra.get("client")
-    if client is not None and not client.get("kept_up", True):
-        invalid.extend(client.get("reasons") or ["the client could not keep up"])
+        invalid.append(f"engine fault: {m.engine_fault.reason}")
+    client = m.client
+    if client is not None and max_loop_lag_ms is not None:
+        client = judge(client, max_loop_lag_ms)
+        invalid.extend(client.reasons)
 
     telemetry = m.telemetry
     row = WindowRow(
@@ -201,29 +208,33 @@ def summarize_window(
             1 for r in dispatched if r.error is None and r.finished_at is not None
         ),
         invalid_reasons=invalid,
-        extra={
-            "measured_window_s": span_s,
-            "queue": _queue_summary(m.samples),
-            "errors": [r.error for r in failed[:20]],
-            # Streamed token IDs against the server's own usage count, per request.
-            "usage_mismatches": sum(
-                1
-                for r in m.records
-                if r.usage_completion_tokens is not None and r.usage_completion_tokens != r.tokens
-            ),
-            "telemetry_throttled": telemetry.throttled if telemetry else None,
-            # TPOT/ITL never without the burst flag, and the aggregate beside them (seed 000).
-            **summarize_streams(
-                [r for r in dispatched if r.error is None and r.finished_at is not None],
-                decode_tok_s_aggregate=aggregate,
-            ),
-            **m.extra,
-        },
+        measured_window_s=span_s,
+        warmup_s=m.warmup_s,
+        queue=_queue_summary(m.samples),
+        # TPOT/ITL never without the burst flag, and the aggregate beside them (seed 000).
+        streams=summarize_streams(
+            [r for r in dispatched if r.error is None and r.finished_at is not None],
+            decode_tok_s_aggregate=aggregate,
+        ),
+        client=client,
+        engine_fault=m.engine_fault,
+        telemetry_throttled=telemetry.throttled if telemetry else None,
+        errors=[r.error for r in failed[:20] if r.error is not None],
+        usage_mismatches=sum(
+            1
+            for r in m.records
+            if r.usage_completion_tokens is not None and r.usage_completion_tokens != r.tokens
+        ),
+        requests_total=len(m.records),
+        cancelled_at_drain=m.cancelled_at_drain,
+        failed_metric_reads=m.failed_metric_reads,
+        boundary_read_ms=[round(m.start_read_s * 1000, 3)]
+        + ([round(m.end_read_s * 1000, 3)] if m.end is not None else []),
     )
     return WindowResult(row=row, detail=detail)
 
 
-def _queue_summary(samples: Sequence[MetricsSample]) -> dict:
+def _queue_summary(samples: Sequence[MetricsSample]) -> QueueSummary:
     """What the 1 Hz samples say about the scheduler (seed 004 section 10 cues)."""
     running = [
         s.metrics.requests_running for s in samples if s.metrics.requests_running is not None
@@ -231,10 +242,10 @@ def _queue_summary(samples: Sequence[MetricsSample]) -> dict:
     waiting = [
         s.metrics.requests_waiting for s in samples if s.metrics.requests_waiting is not None
     ]
-    return {
-        "samples": len(samples),
-        "running_mean": float(np.mean(running)) if running else None,
-        "running_max": max(running) if running else None,
-        "waiting_mean": float(np.mean(waiting)) if waiting else None,
-        "waiting_max": max(waiting) if waiting else None,
-    }
+    return QueueSummary(
+        samples=len(samples),
+        running_mean=float(np.mean(running)) if running else None,
+        running_max=max(running) if running else None,
+        waiting_mean=float(np.mean(waiting)) if waiting else None,
+        waiting_max=max(waiting) if waiting else None,
+    )

@@ -6,8 +6,9 @@ import json
 import os
 from pathlib import Path
 
-from runner.errors import TrackingError
+from runner.errors import ResultsError
 from runner.measure.benchmark import BenchmarkRow
+from runner.output.results import read_jsonl
 
 BENCHMARK_NAME = "benchmark.jsonl"
 
@@ -53,7 +54,6 @@ def row_metrics(row: BenchmarkRow) -> dict[str, float]:
 
 def read_benchmark_rows(folder: Path) -> list[BenchmarkRow]:
     """The rows in ``folder``'s ``benchmark.jsonl``; a figure added since reads as None."""
-    from runner.output.results import read_jsonl
 
     names = BenchmarkRow.field_names()
     return [
@@ -70,7 +70,7 @@ def append_row(path: Path, row: BenchmarkRow) -> None:
             handle.flush()
             os.fsync(handle.fileno())
     except OSError as exc:
-        raise TrackingError(
+        raise ResultsError(
             f"The benchmark row could not be written to {path} ({exc}); the measurement "
             "is lost for this folder. Free disk space or fix permissions and run again."
         ) from exc

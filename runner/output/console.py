@@ -25,11 +25,11 @@ def console_line(
         f"ttft_p99_ms={_figure(row.ttft_p99_ms, 1)}",
         f"request_latency_p99_ms={_figure(row.request_latency_p99_ms, 1)}",
     ]
-    if detail is not None and detail.extra.get("bursty"):
+    if detail is not None and detail.streams is not None and detail.streams.bursty:
         # Streams arrived in bursts: per-token latencies of this window mislead (seed 000).
         # Before the verdict, which stays last for the colouring in print_window; with
         # the source when it is known: the server merged the tokens, or the client.
-        source = detail.extra.get("burst_source")
+        source = detail.streams.burst_source
         parts.append(f"BURSTY({source})" if source else "BURSTY")
     if passes(row, floor):
         return " ".join([*parts, "PASS"])

@@ -190,11 +190,11 @@ def _window_table(rows: Sequence[WindowRow], details: Sequence[WindowDetail]) ->
 def _streams(detail: WindowDetail | None) -> str:
     """"bursty (server)" where tokens arrived in lumps, so the window's TPOT/ITL mislead
     (seed 000); "steady" where they did not."""
-    if detail is None or "bursty" not in detail.extra:
+    if detail is None or detail.streams is None:
         return UNAVAILABLE
-    if not detail.extra["bursty"]:
+    if not detail.streams.bursty:
         return "steady"
-    source = detail.extra.get("burst_source")
+    source = detail.streams.burst_source
     return f"bursty ({source})" if source else "bursty"
 
 

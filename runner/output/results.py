@@ -28,10 +28,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runner.errors import TrackingError
-from runner.measure.result import BucketStats, WindowDetail, WindowResult, WindowRow
+from runner.errors import ResultsError
+from runner.measure.result import WindowDetail, WindowResult, WindowRow
 
-logger = logging.getLogger("runner")
+log = logging.getLogger("runner")
 
 JSONL_NAME = "results.jsonl"
 CSV_NAME = "results.csv"
@@ -48,7 +48,7 @@ class ResultsWriter:
             for name in (JSONL_NAME, CSV_NAME, DETAIL_NAME):
                 _cut_torn_tail(self.directory / name)
         except OSError as exc:
-            raise TrackingError(
+            raise ResultsError(
                 f"The results folder {self.directory} cannot be prepared ({exc}). "
                 "runner writes every window there as soon as it is measured; choose a "
                 "writable folder with results.dir=PATH or fix its permissions."
@@ -76,7 +76,7 @@ class ResultsWriter:
             detail = {"row": row, "detail": result.detail.as_dict()}
             _append_synced(self.detail_path, json.dumps(detail, default=str) + "\n")
         except OSError as exc:
-            raise TrackingError(
+            raise ResultsError(
                 f"The window at users={result.row.users} could not be written to "
                 f"{self.directory} ({exc}). The measurement itself is lost for this "
                 "folder; free disk space or fix permissions and resume the run."
@@ -88,7 +88,7 @@ class ResultsWriter:
         with self.csv_path.open(encoding="utf-8", newline="") as handle:
             header = next(csv.reader(handle), [])
         if header != WindowRow.field_names():
-            raise TrackingError(
+            raise ResultsError(
                 f"{self.csv_path} has columns {header}, not the ones this version of "
                 f"runner writes ({WindowRow.field_names()}). Appending would mix two "
                 "layouts in one file; point results.dir at a new folder instead."
@@ -102,12 +102,10 @@ def read_rows(directory: Path) -> list[WindowRow]:
 
 def read_results(directory: Path) -> list[WindowResult]:
     """Rows with their details from ``windows_detail.jsonl``, for reports on resume."""
-    results = []
-    for record in read_jsonl(Path(directory) / DETAIL_NAME):
-        detail = dict(record["detail"])
-        detail["buckets"] = [BucketStats(**bucket) for bucket in detail["buckets"]]
-        results.append(WindowResult(WindowRow(**record["row"]), WindowDetail(**detail)))
-    return results
+    return [
+        WindowResult(WindowRow(**record["row"]), WindowDetail.from_dict(record["detail"]))
+        for record in read_jsonl(Path(directory) / DETAIL_NAME)
+    ]
 
 
 
@@ -155,7 +153,7 @@ def _cut_torn_tail(path: Path) -> None:
     if data.endswith(b"\n"):
         return
     keep = data.rfind(b"\n") + 1
-    logger.warning(
+    log.warning(
         "%s ends with a partial line (%d bytes) from an interrupted write; dropping it",
         path,
         len(data) - keep,
@@ -177,9 +175,9 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             records.append(json.loads(line))
         except json.JSONDecodeError as exc:
             if number == len(lines):
-                logger.warning("ignoring a partial last line in %s", path)
+                log.warning("ignoring a partial last line in %s", path)
                 break
-            raise TrackingError(
+            raise ResultsError(
                 f"Line {number} of {path} is not valid JSON ({exc.msg}). Only the last "
                 "line can be torn by an interrupted run; a damaged line in the middle "
                 "means the file was edited or corrupted. Restore it or start a new run."

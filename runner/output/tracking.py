@@ -35,7 +35,7 @@ from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowResult
 
-logger = logging.getLogger("runner")
+log = logging.getLogger("runner")
 
 BEST_USERS = "best_users"
 BEST_AGGREGATE_TOK_S = "best_aggregate_tok_s"
@@ -117,24 +117,12 @@ class Tracker:
                 self.resumed = True
                 self._client.update_run(existing, status="RUNNING")
                 self._logged_windows = self._finished_windows()
-                logger.info(
+                log.info(
                     "resuming MLflow run %s (%d windows already logged)",
                     existing,
                     len(self._logged_windows),
                 )
             self._log_params(params or {})
-
-    @staticmethod
-    def find_parent(tracking: Tracking, run_id: str, config_id: str) -> str | None:
-        """The MLflow id of the parent run for this run_id and config_id, if any."""
-        if not tracking.enabled:
-            return None
-        with _translated(tracking, "look up the parent run"):
-            client = _client(tracking)
-            experiment = client.get_experiment_by_name(tracking.experiment)
-            if experiment is None:
-                return None
-            return _search_parent(client, experiment.experiment_id, run_id, config_id)
 
     def __enter__(self) -> Tracker:
         return self
@@ -155,7 +143,7 @@ class Tracker:
             self.finish(status)
         except TrackingError as error:
             # The exception already on its way out says more than this one would.
-            logger.warning("could not mark the MLflow run %s: %s", status, error)
+            log.warning("could not mark the MLflow run %s: %s", status, error)
 
     def log_window(self, result: WindowResult, index: int) -> None:
         """One child run for window number ``index``; its metrics also go on the parent."""

@@ -16,6 +16,10 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import docker.errors
+import requests
+
+from runner.engines.docker import connect, find_image
 from runner.errors import EngineFlagError, PreflightError
 
 log = logging.getLogger("runner")
@@ -126,7 +130,6 @@ def _require_flags(flags: set[str], source: str, output: str) -> set[str]:
 
 def image_present(image_ref: str, *, docker_client: Any = None) -> bool:
     """Whether ``image_ref`` is available to the local Docker engine without a pull."""
-    from runner.engines.docker import connect, find_image
 
     return find_image(docker_client or connect(), image_ref) is not None
 
@@ -139,10 +142,7 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
     present locally (callers check :func:`image_present` first and report the flags
     as unchecked when it is absent).
     """
-    import docker.errors
-    import requests
 
-    from runner.engines.docker import connect, find_image
 
     client = docker_client or connect()
     image = find_image(client, image_ref)

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from huggingface_hub import HfApi
+
 from runner.config import Model
 
 log = logging.getLogger("runner")
@@ -74,8 +76,6 @@ def resolve_revision(model: Model, hf_cache: Path | None, *, ask_hub: bool = Tru
 
 def _ask_hub(repo: str, ref: str) -> str | None:
     try:
-        from huggingface_hub import HfApi
-
         # The token, if any, comes from the environment only and is never logged.
         info = HfApi(token=os.environ.get("HF_TOKEN") or None).model_info(repo, revision=ref, timeout=10)
     except Exception as exc:  # noqa: BLE001 - any hub failure means "unresolved", said plainly

@@ -15,6 +15,8 @@ import random
 import shutil
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
 log = logging.getLogger("runner")
 
 ARCHITECTURE = {
@@ -82,7 +84,6 @@ def ensure_tiny_model(cache_dir: Path, max_context: int) -> Path:
     folder = cache_dir.expanduser() / "models" / f"tiny-llama-{definition_hash()}-{max_context}"
     if (folder / "tokenizer.json").exists() and (folder / "config.json").exists():
         return folder
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     staging = folder.with_name(folder.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)

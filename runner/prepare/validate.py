@@ -88,9 +88,6 @@ def _concurrency(config: RunConfig) -> Iterator[str]:
         yield from _benchmark_concurrency(config)
         return
     if search.kind == "fixed":
-        if not search.users:
-            yield "search=fixed needs a non-empty search.users list"
-            return
         largest, what = max(search.users), "the largest of search.users"
     else:
         if search.start_users > search.max_users:
@@ -122,22 +119,11 @@ def _benchmark_concurrency(config: RunConfig) -> Iterator[str]:
         )
 
 
-_BENCHMARK_ONLY = ("dataset_path", "num_prompts", "max_seconds", "concurrency")
-
-
 def _workload_kind(config: RunConfig, warnings: list[str]) -> Iterator[str]:
-    """Inputs each kind needs, and no field the other kind would silently ignore."""
+    """The input the ShareGPT benchmark needs: its local dataset file."""
     workload = config.workload
-    if workload.kind == "context_mix":
-        for name in _BENCHMARK_ONLY:
-            if getattr(workload, name) is not None:
-                yield (
-                    f"workload.{name} is read only by the ShareGPT benchmark "
-                    f"(workload.kind=sharegpt); workload {workload.name} is a context mix, "
-                    "which would ignore it"
-                )
+    if workload.kind != "sharegpt":
         return
-    assert workload.dataset_path is not None  # the config model requires it
     dataset = Path(workload.dataset_path).expanduser()
     if not dataset.is_file():
         message = (

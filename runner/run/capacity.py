@@ -1,10 +1,15 @@
-"""The capacity search (seed 004 §9): windows chosen by the search policy until it stops."""
+"""The capacity search (seed 004 §9): windows chosen by the search policy until it stops.
+
+A thin sequencer over the shared stages: the frozen workload, an engine session, the
+smoke checks, then one window per step of :func:`runner.search.policy.next_step`, each
+appended to the results files, printed and logged as it finishes. A resumed run replays
+the windows its run_id already measured and carries on from the step they lead to.
+"""
 
 from __future__ import annotations
 
 import time
-from contextlib import ExitStack
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +17,34 @@ from rich.console import Console
 
 from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError, EngineError
-from runner.run.context import RunContext, engine_api_key, prior_windows
-from runner.run.session import (
-    MAX_RELAUNCHES,
-    gpu_telemetry,
-    open_engine,
-    open_tracker,
-    startup_facts,
+from runner.measure.protocol import run_window
+from runner.output.console import print_window
+from runner.output.report import plot_report, render_report
+from runner.output.results import ResultsWriter, read_results
+from runner.output.tracking import (
+    BEST_AGGREGATE_TOK_S,
+    BEST_MIN_USER_TOK_S,
+    BEST_USERS,
+    Tracker,
 )
+from runner.run.context import RunContext, engine_api_key
+from runner.run.resume import prior_windows
+from runner.run.session import MAX_RELAUNCHES, EngineSession
+from runner.run.summary import RunSummary
 from runner.search.history import search_history
 from runner.search.policy import Observation, SearchParams, decide, next_step
+from runner.smoke import run_smoke
+from runner.workload.context_mix import build_prompts, load_tokenizer, write_workload
 from runner.workload.prompt import Prompt
+
+ARTIFACTS = (
+    "manifest.json", "workload.jsonl", "results.jsonl", "results.csv",
+    "windows_detail.jsonl", "engine.log", "report.md",
+)  # fmt: skip
 
 
 def build_workload(context: RunContext, host_model_dir: Path | None) -> tuple[list[Prompt], str]:
-    from runner.workload.context_mix import build_prompts, load_tokenizer, write_workload
-
+    """Seed 004's prompts at exact token counts, frozen to ``workload.jsonl``, and its SHA-256."""
     config = context.config
     if host_model_dir is None:
         raise ConfigError(
@@ -41,93 +58,127 @@ def build_workload(context: RunContext, host_model_dir: Path | None) -> tuple[li
     return prompts, sha
 
 
-def measure(
-    context: RunContext, plan: LaunchPlan, prompts: list[Prompt], console: Console
-) -> dict[str, Any]:
-    from runner.measure.protocol import run_window
-    from runner.output.console import print_window
-    from runner.output.results import ResultsWriter
-    from runner.smoke import run_smoke
-    config = context.config
-    params = SearchParams.from_config(config.search, config.slo)
-    done = prior_windows(context.results_dir, context.run_id)
-    relaunch = config.backend.on_engine_fault == "relaunch"
-    history = search_history(done, relaunch)
-    writer = ResultsWriter(context.results_dir)
-    api_key = engine_api_key(config)
-    started = time.monotonic()
-    engine_seconds = 0.0
-    status = "FAILED"
-    with ExitStack() as stack:
-        tracker = stack.enter_context(open_tracker(context))
-        for index, result in enumerate(done):
+class CapacitySearch:
+    """One search over a prepared run; :meth:`run` returns its summary."""
+
+    def __init__(
+        self, context: RunContext, plan: LaunchPlan, prompts: list[Prompt], console: Console
+    ) -> None:
+        config = context.config
+        self.context = context
+        self.plan = plan
+        self.prompts = prompts
+        self.console = console
+        self.params = SearchParams.from_config(config.search, config.slo)
+        self.relaunch = config.backend.on_engine_fault == "relaunch"
+        self.done = prior_windows(context.results_dir, context.run_id)
+        self.history: list[Observation] = search_history(self.done, self.relaunch)
+        self.started = time.monotonic()
+        self.engine_seconds = 0.0
+
+    def run(self) -> RunSummary:
+        config, context = self.context.config, self.context
+        writer = ResultsWriter(context.results_dir)
+        api_key = engine_api_key(config)
+        with EngineSession(context, self.plan, finish=self._finish) as session:
             # A run killed between writing a row and logging it left MLflow one short;
             # windows MLflow already holds are skipped, so nothing is logged twice.
-            tracker.log_window(result, index=index)
-        windows_logged = len(done)
-        relaunches = 0
-        engine_stack = stack.enter_context(ExitStack())
-        try:
-            engine = engine_stack.enter_context(open_engine(context, plan))
+            for index, result in enumerate(self.done):
+                session.tracker.log_window(result, index=index)
+            windows_logged = len(self.done)
             engine_started = time.monotonic()
-            facts = startup_facts(engine)
-            from runner.engines.startup import verify_precision
-
-            facts["precision_notes"] = verify_precision(config, facts)
-            context.manifest["startup"] = facts
-            context.write_manifest()
-            tracker.log_startup_facts(facts)
-            smoke = run_smoke(engine, config, prompts, api_key, raise_on_failure=False)
+            smoke = run_smoke(session.engine, config, self.prompts, api_key, raise_on_failure=False)
             context.manifest["smoke"] = smoke.as_dict()
             context.write_manifest()
-            tracker.log_metrics(smoke.metrics())
+            session.tracker.log_metrics(smoke.metrics())
             smoke.raise_for_failure()  # one paragraph naming every failed check
-            telemetry = gpu_telemetry(config)
-            if done:
-                console.print(f"resuming run {context.run_id}: {len(done)} window(s) already measured")
-            while (step := next_step(history, params)) is not None:
-                window_s = config.search.screening_window_s if step.screening else None
+            telemetry = session.telemetry()
+            if self.done:
+                self.console.print(
+                    f"resuming run {context.run_id}: {len(self.done)} window(s) already measured"
+                )
+            while (step := next_step(self.history, self.params)) is not None:
                 result = run_window(
-                    engine,
+                    session.engine,
                     config,
-                    prompts,
+                    self.prompts,
                     step.users,
                     config_id=context.config_id,
                     run_id=context.run_id,
                     phase=step.phase,
-                    window_s=window_s,
+                    window_s=config.search.screening_window_s if step.screening else None,
                     telemetry=telemetry,
                     api_key=api_key,
                 )
                 writer.append(result)
-                print_window(console, result.row, result.detail, config.slo.min_user_tok_s)
-                tracker.log_window(result, index=windows_logged)
+                print_window(self.console, result.row, result.detail, config.slo.min_user_tok_s)
+                session.tracker.log_window(result, index=windows_logged)
                 windows_logged += 1
-                history.extend(search_history([result], relaunch))
-                fault = engine.fault()
+                self.history.extend(search_history([result], self.relaunch))
+                fault = session.engine.fault()
                 if fault is None:
                     continue
-                if not relaunch or relaunches >= MAX_RELAUNCHES:
+                if not self.relaunch or session.relaunches >= MAX_RELAUNCHES:
                     raise EngineError(
                         f"The engine stopped serving during the window at {step.users} users "
                         f"({fault.reason}); that window is recorded as invalid. Last log lines:\n"
-                        f"{engine.log_tail()}"
+                        f"{session.engine.log_tail()}"
                     )
-                relaunches += 1
-                console.print(f"engine fault ({fault.reason}): relaunching ({relaunches}/{MAX_RELAUNCHES})")
-                engine_stack.close()
-                engine = engine_stack.enter_context(open_engine(context, plan))
-            engine_seconds = time.monotonic() - engine_started
-            status = "FINISHED"
-        finally:
-            summary = summarize(context, params, history, started, engine_seconds)
-            context.manifest["summary"] = summary
-            if context.results_dir.exists():
-                context.write_manifest()
-                finish_artifacts(context, tracker, summary)
-            tracker.finish(status)
-    print_summary(console, context, summary)
-    return summary
+                self.console.print(
+                    f"engine fault ({fault.reason}): relaunching "
+                    f"({session.relaunches + 1}/{MAX_RELAUNCHES})"
+                )
+                session.relaunch()
+            self.engine_seconds = time.monotonic() - engine_started
+        summary = self.summary()
+        print_summary(self.console, context, summary)
+        return summary
+
+    def summary(self) -> RunSummary:
+        decision = decide(self.history, self.params)
+        context = self.context
+        return RunSummary(
+            kind="search",
+            run_id=context.run_id,
+            config_id=context.config_id,
+            family=context.family,
+            results_dir=str(context.results_dir),
+            best_users=decision.best_users,
+            median_aggregate_tok_s=decision.median_aggregate_tok_s,
+            min_user_tok_s=decision.min_user_tok_s,
+            mean_user_tok_s=decision.mean_user_tok_s,
+            decision=decision.reason,
+            windows=len(self.history),
+            engine_minutes=round(self.engine_seconds / 60.0, 2),
+            wall_minutes=round((time.monotonic() - self.started) / 60.0, 2),
+            floor_tok_s=context.config.slo.min_user_tok_s,
+            finished_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+        )
+
+    def _finish(self, tracker: Tracker) -> None:
+        """After the engine stopped: manifest summary, report, plots, MLflow figures."""
+        context = self.context
+        summary = self.summary()
+        context.manifest["summary"] = summary.as_dict()
+        context.write_manifest()
+        results = [r for r in read_results(context.results_dir) if r.row.run_id == context.run_id]
+        rows, details = [r.row for r in results], [r.detail for r in results]
+        report_summary = {**report_facts(context), **summary.as_dict()}
+        (context.results_dir / "report.md").write_text(render_report(report_summary, rows, details))
+        plots = plot_report(rows, details, context.config.slo.min_user_tok_s, context.results_dir)
+        metrics = {
+            BEST_USERS: summary.best_users,
+            BEST_AGGREGATE_TOK_S: summary.median_aggregate_tok_s,
+            BEST_MIN_USER_TOK_S: summary.min_user_tok_s,
+            "windows": summary.windows,
+            "engine_minutes": summary.engine_minutes,
+        }
+        tracker.log_metrics({k: v for k, v in metrics.items() if v is not None})
+        for name in ARTIFACTS:
+            if (context.results_dir / name).exists():
+                tracker.log_artifact(context.results_dir / name)
+        for plot in plots:
+            tracker.log_artifact(plot, "plots")
 
 
 def report_facts(context: RunContext) -> dict[str, Any]:
@@ -158,80 +209,20 @@ def report_facts(context: RunContext) -> dict[str, Any]:
     }
 
 
-def summarize(
-    context: RunContext,
-    params: SearchParams,
-    history: list[Observation],
-    started: float,
-    engine_seconds: float,
-) -> dict[str, Any]:
-    decision = decide(history, params)
-    config = context.config
-    return {
-        "run_id": context.run_id,
-        "config_id": context.config_id,
-        "family": context.family,
-        "best_users": decision.best_users,
-        "median_aggregate_tok_s": decision.median_aggregate_tok_s,
-        "min_user_tok_s": decision.min_user_tok_s,
-        "mean_user_tok_s": decision.mean_user_tok_s,
-        "decision": decision.reason,
-        "windows": len(history),
-        "engine_minutes": round(engine_seconds / 60.0, 2),
-        "wall_minutes": round((time.monotonic() - started) / 60.0, 2),
-        "floor_tok_s": config.slo.min_user_tok_s,
-        "results_dir": str(context.results_dir),
-        "finished_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def finish_artifacts(context: RunContext, tracker: Any, summary: dict[str, Any]) -> None:
-    from runner.output.report import plot_report, render_report
-    from runner.output.results import read_results
-    from runner.output.tracking import BEST_AGGREGATE_TOK_S, BEST_MIN_USER_TOK_S, BEST_USERS
-
-    results = [r for r in read_results(context.results_dir) if r.row.run_id == context.run_id]
-    report_summary = {**report_facts(context), **summary}
-    report_path = context.results_dir / "report.md"
-    report_path.write_text(
-        render_report(report_summary, [r.row for r in results], [r.detail for r in results])
-    )
-    plots = plot_report(
-        [r.row for r in results],
-        [r.detail for r in results],
-        context.config.slo.min_user_tok_s,
-        context.results_dir,
-    )
-    metrics = {
-        BEST_USERS: summary["best_users"],
-        BEST_AGGREGATE_TOK_S: summary["median_aggregate_tok_s"],
-        BEST_MIN_USER_TOK_S: summary["min_user_tok_s"],
-        "windows": summary["windows"],
-        "engine_minutes": summary["engine_minutes"],
-    }
-    tracker.log_metrics({k: v for k, v in metrics.items() if v is not None})
-    for name in ("manifest.json", "workload.jsonl", "results.jsonl", "results.csv",
-                 "windows_detail.jsonl", "engine.log", "report.md"):
-        path = context.results_dir / name
-        if path.exists():
-            tracker.log_artifact(path)
-    for plot in plots:
-        tracker.log_artifact(plot, "plots")
-
-
-def print_summary(console: Console, context: RunContext, summary: dict[str, Any]) -> None:
-    best = summary["best_users"]
+def print_summary(console: Console, context: RunContext, summary: RunSummary) -> None:
+    best = summary.best_users
     if best is None:
         console.print(
-            f"[bold red]No valid concurrency[/] met {summary['floor_tok_s']} tok/s per user "
-            f"({summary['decision']}). Results: {summary['results_dir']}"
+            f"[bold red]No valid concurrency[/] met {summary.floor_tok_s} tok/s per user "
+            f"({summary.decision}). Results: {summary.results_dir}"
         )
         return
+    assert summary.median_aggregate_tok_s is not None and summary.min_user_tok_s is not None
     console.print(
-        f"[bold green]best N={best}[/] aggregate_output_tok_s={summary['median_aggregate_tok_s']:.1f} "
-        f"slowest_user_tok_s={summary['min_user_tok_s']:.2f} "
-        f"(floor {summary['floor_tok_s']}) config_id={context.config_id} run_id={context.run_id} "
-        f"windows={summary['windows']} engine_minutes={summary['engine_minutes']}\n"
-        f"results: {summary['results_dir']}/results.jsonl  report: {summary['results_dir']}/report.md  "
+        f"[bold green]best N={best}[/] aggregate_output_tok_s={summary.median_aggregate_tok_s:.1f} "
+        f"slowest_user_tok_s={summary.min_user_tok_s:.2f} "
+        f"(floor {summary.floor_tok_s}) config_id={context.config_id} run_id={context.run_id} "
+        f"windows={summary.windows} engine_minutes={summary.engine_minutes}\n"
+        f"results: {summary.results_dir}/results.jsonl  report: {summary.results_dir}/report.md  "
         f"MLflow: {context.config.tracking.uri if context.config.tracking.enabled else 'disabled'}"
     )

@@ -1,10 +1,16 @@
-"""What a run knows about itself before any engine starts: its config, identity and folder."""
+"""What a run knows about itself before any engine starts: its config, identity and folder.
+
+:func:`prepare` validates the config, pins the model revision, names the run and finds
+its results folder; the rest of this module turns that into the engine's launch plan
+and checks its flags. Nothing here starts an engine.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,16 +18,15 @@ from typing import Any
 from runner.config import RunConfig
 from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError
-from runner.measure.result import WindowResult
-from runner.prepare import identity, launch, validate
-from runner.prepare.modelref import ResolvedModel
+from runner.output.tracking import config_tags
+from runner.prepare import flags, identity, launch, validate
+from runner.prepare.modelref import ResolvedModel, resolve_revision
+from runner.prepare.tinymodel import definition_hash, ensure_tiny_model
+from runner.run.resume import resume_folder
 
 log = logging.getLogger("runner")
 
-
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
-
-
 CONTAINER_TINY_MODEL = "/models/tiny"
 
 
@@ -46,6 +51,19 @@ class RunContext:
         tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str))
         os.replace(tmp, path)
         return path
+
+    def tracking_tags(self) -> dict[str, str]:
+        """The tags that identify this run's setup in MLflow."""
+        config = self.config
+        return {
+            **config_tags(config),
+            "config_id": self.config_id,
+            "run_id": self.run_id,
+            "model_repo": f"{config.model.repo}@{config.model.revision or 'unresolved'}",
+            "kv_cache_dtype": config.kv.cache_dtype,
+            "family": self.family,
+            "backend": config.backend.kind,
+        }
 
 
 def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
@@ -80,16 +98,13 @@ def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
     return context, warnings
 
 
-def pin_model(config: RunConfig, warnings: list[str]) -> tuple[RunConfig, "ResolvedModel"]:
+def pin_model(config: RunConfig, warnings: list[str]) -> tuple[RunConfig, ResolvedModel]:
     """Resolve the model revision to a commit before anything is downloaded (seed 004 §4).
 
     The resolved commit replaces the requested branch in the config, so config_id
     names the exact checkpoint. A measured run with an unresolved revision is refused
     unless ``model.allow_unresolved_revision`` is set; such results are tagged unpinned.
     """
-    from runner.prepare.modelref import ResolvedModel, resolve_revision
-    from runner.prepare.tinymodel import definition_hash
-
     model = config.model
     if model.generated:
         return config, ResolvedModel(model.repo, None, None, f"generated locally (definition {definition_hash()})")
@@ -117,8 +132,6 @@ def model_location(context: RunContext) -> tuple[Path | None, str]:
     """The model folder on this host (if local) and the path the engine is given."""
     config = context.config
     if config.model.generated:
-        from runner.prepare.tinymodel import ensure_tiny_model
-
         folder = ensure_tiny_model(context.cache_dir, config.model.max_context)
         if config.backend.kind == "docker":
             return folder, CONTAINER_TINY_MODEL
@@ -153,14 +166,12 @@ def build_plan(context: RunContext, engine_model_path: str, host_model_dir: Path
 
 def check_engine_flags(context: RunContext, plan: LaunchPlan) -> str:
     """Check every engine flag against the engine's own --help=all; say what was checked."""
-    from runner.prepare import flags
-
     config = context.config
     flags_cache = context.cache_dir
     if config.backend.kind == "external":
         return "unchecked (backend=external: runner does not launch the engine)"
     if config.backend.kind == "process":
-        supported = flags.local_supported_flags(config.backend.python or _python(), flags_cache)
+        supported = flags.local_supported_flags(config.backend.python or sys.executable, flags_cache)
         flags.check_flags(plan.argv, supported, "the local vLLM")
         return "checked against the local vLLM's --help=all"
     image = plan.image or config.image.reference
@@ -171,88 +182,6 @@ def check_engine_flags(context: RunContext, plan: LaunchPlan) -> str:
     return f"checked against {image} --help=all"
 
 
-def _python() -> str:
-    import sys
-
-    return sys.executable
-
-
 def engine_api_key(config: RunConfig) -> str | None:
     """The engine's API key, read from the variable the config names (never stored)."""
     return os.environ.get(config.engine.api_key_env) if config.engine.api_key_env else None
-
-
-def resume_folder(results_dir: Path, run_id: str) -> Path:
-    """Where a run resumed by its run_id keeps its rows.
-
-    The default results.dir is a new timestamped folder per start, so the rows of the
-    interrupted run are in a sibling folder: the newest sibling whose manifest names
-    this run_id and that holds rows is used. A folder that already holds this run's
-    rows (results.dir given explicitly) is kept as it is.
-    """
-    if holds_run(results_dir, run_id):
-        return results_dir
-    candidates = []
-    for manifest in results_dir.parent.glob("*/manifest.json"):
-        folder = manifest.parent
-        if folder == results_dir:
-            continue
-        try:
-            named = json.loads(manifest.read_text()).get("run_id")
-        except (OSError, json.JSONDecodeError):
-            continue
-        if named == run_id and holds_run(folder, run_id):
-            candidates.append(folder)
-    if not candidates:
-        return results_dir
-    folder = max(candidates, key=lambda path: path.stat().st_mtime)
-    log.info("run %s resumes in %s, where its windows are", run_id, folder)
-    return folder
-
-
-def run_config_ids(folder: Path, run_id: str) -> set[str]:
-    """The config_ids of the rows ``run_id`` wrote in ``folder``: windows or a benchmark."""
-    from runner.output.benchmark import read_benchmark_rows
-    from runner.output.results import read_rows
-
-    rows = [*read_rows(folder), *read_benchmark_rows(folder)]
-    return {row.config_id for row in rows if row.run_id == run_id}
-
-
-def holds_run(folder: Path, run_id: str) -> bool:
-    return bool(run_config_ids(folder, run_id))
-
-
-def check_resumable(context: RunContext) -> None:
-    """A run_id resumes only the configuration it measured; raises ConfigError otherwise."""
-    others = run_config_ids(context.results_dir, context.run_id) - {context.config_id}
-    if others:
-        raise ConfigError(
-            f"run_id={context.run_id} already holds results of config_id "
-            f"{', '.join(sorted(others))} in {context.results_dir}, but this configuration "
-            f"is config_id {context.config_id}: resuming would mix two engine setups in one "
-            "run. Give the new configuration a new run_id, or resume with the configuration "
-            "that run measured (its manifest.json holds it)."
-        )
-
-
-def prior_windows(results_dir: Path, run_id: str) -> list[WindowResult]:
-    """Windows this run already measured (a resumed run skips them)."""
-    from runner.output.results import read_results
-
-    return [result for result in read_results(results_dir) if result.row.run_id == run_id]
-
-
-def tracking_tags(context: RunContext) -> dict[str, str]:
-    from runner.output.tracking import config_tags
-
-    config = context.config
-    return {
-        **config_tags(config),
-        "config_id": context.config_id,
-        "run_id": context.run_id,
-        "model_repo": f"{config.model.repo}@{config.model.revision or 'unresolved'}",
-        "kv_cache_dtype": config.kv.cache_dtype,
-        "family": context.family,
-        "backend": config.backend.kind,
-    }

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
 
 from runner.engines.base import LaunchPlan
 from runner.errors import EngineError, PreflightError
 from runner.prepare import launch
 from runner.run.context import RunContext, check_engine_flags
+from runner.run.summary import RunSummary
 
 
-def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> dict[str, Any]:
+def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> RunSummary:
     """Print the exact launch plan and exit: nothing is started."""
     config = context.config
     try:
@@ -35,4 +34,11 @@ def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> dict[str
         highlight=False,
         soft_wrap=True,
     )
-    return {"config_id": context.config_id, "dry_run": True, "flags": flags_state}
+    return RunSummary(
+        kind="dry_run",
+        run_id=context.run_id,
+        config_id=context.config_id,
+        family=context.family,
+        results_dir=str(context.results_dir),
+        flags=flags_state,
+    )

@@ -1,41 +1,55 @@
-"""The engine session: engine, start-up facts, precision proof, manifest and tracker."""
+"""The engine session: one engine and one MLflow parent run, opened and closed in order.
+
+Both run kinds (the capacity search and seed 000's fixed benchmark) measure inside one::
+
+    with EngineSession(context, plan, finish=write_report) as session:
+        ... session.engine ... session.tracker ... session.relaunch() ...
+
+On the way in: the MLflow parent run, the engine, its start-up facts, the proof that it
+runs the precision asked for (seed 004 §5), all of them written to the manifest and
+MLflow. On the way out, in this order whatever happened: the engine is stopped (so a
+slow report or upload never keeps a GPU busy), the manifest is written, ``finish``
+writes what the run produced (report, plots, artifacts), and the parent run is closed
+FINISHED, FAILED or KILLED. A failure in that late I/O never replaces the error that
+ended the run: it is logged and the original error keeps its message and exit code.
+"""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, ContextManager
+from types import TracebackType
+from typing import Any
 
-from runner.config import RunConfig
+import httpx
+
 from runner.engines.base import LaunchPlan, RunningEngine
-from runner.run.context import RunContext, engine_api_key, tracking_tags
+from runner.engines.docker import DockerEngine
+from runner.engines.external import ExternalEngine
+from runner.engines.process import ProcessEngine
+from runner.engines.startup import facts_from_cache_config, parse_startup_log, verify_precision
+from runner.errors import RunnerError
+from runner.measure.metrics import parse_metrics
+from runner.measure.telemetry import GpuSampler
+from runner.nvml import nvml_available
+from runner.output.tracking import Status, Tracker, config_params
+from runner.run.context import RunContext, engine_api_key
 
 log = logging.getLogger("runner")
 
-
-def open_tracker(context: RunContext, **extra_tags: str) -> Any:
-    """The MLflow parent run of this search (or benchmark), tagged with its identity."""
-    from runner.output.tracking import Tracker, config_params
-
-    return Tracker(
-        context.config.tracking,
-        run_id=context.run_id,
-        config_id=context.config_id,
-        tags={**tracking_tags(context), **extra_tags},
-        params=config_params(context.config),
-    )
+# A run whose engine keeps dying is not measuring anything; relaunch at most this often.
+MAX_RELAUNCHES = 2
 
 
-def open_engine(context: RunContext, plan: LaunchPlan) -> ContextManager[RunningEngine]:
+def open_engine(context: RunContext, plan: LaunchPlan) -> AbstractContextManager[RunningEngine]:
+    """The engine backend the config names, not started yet."""
     config = context.config
     if config.backend.kind == "external":
-        from runner.engines.external import ExternalEngine
-
-        assert config.backend.url is not None
+        assert config.backend.url is not None  # validated
         return ExternalEngine(config.backend.url, api_key=engine_api_key(config))
     if config.backend.kind == "docker":
-        from runner.engines.docker import DockerEngine
-
         return DockerEngine(
             config,
             plan,
@@ -43,8 +57,6 @@ def open_engine(context: RunContext, plan: LaunchPlan) -> ContextManager[Running
             config_id=context.config_id,
             log_dir=context.results_dir,
         )
-    from runner.engines.process import ProcessEngine
-
     return ProcessEngine(
         plan,
         log_dir=context.results_dir,
@@ -55,11 +67,6 @@ def open_engine(context: RunContext, plan: LaunchPlan) -> ContextManager[Running
 
 def startup_facts(engine: RunningEngine) -> dict[str, Any]:
     """Start-up facts from the engine log and /metrics (seed 000 reports these)."""
-    import httpx
-
-    from runner.engines.startup import facts_from_cache_config, parse_startup_log
-    from runner.measure.metrics import parse_metrics
-
     facts: dict[str, Any] = {}
     if engine.log_path is not None and Path(engine.log_path).exists():
         facts.update(parse_startup_log(Path(engine.log_path).read_text(errors="replace")))
@@ -68,22 +75,118 @@ def startup_facts(engine: RunningEngine) -> dict[str, Any]:
         facts.update(facts_from_cache_config(parse_metrics(text).cache_config))
     except httpx.HTTPError as exc:
         log.warning("could not read /metrics for start-up facts: %s", exc)
-    for name in ("image_id", "repo_digests"):
-        # The image the Docker engine really ran, read back from it (issue: pinned, proven).
-        if getattr(engine, name, None):
-            facts[name] = getattr(engine, name)
-    ready_s = getattr(engine, "ready_s", None)
-    if ready_s is not None:
-        facts["ready_s"] = round(ready_s, 1)
+    # The image the Docker engine really ran, read back from it: pinned, and proven.
+    if engine.image_id:
+        facts["image_id"] = engine.image_id
+    if engine.repo_digests:
+        facts["repo_digests"] = engine.repo_digests
+    if engine.ready_s is not None:
+        facts["ready_s"] = round(engine.ready_s, 1)
     return facts
 
 
-MAX_RELAUNCHES = 2
+class EngineSession:
+    """See the module docstring. ``finish(tracker)`` runs after the engine stopped."""
 
+    def __init__(
+        self,
+        context: RunContext,
+        plan: LaunchPlan,
+        *,
+        finish: Callable[[Tracker], None] | None = None,
+        tags: dict[str, str] | None = None,
+    ) -> None:
+        self.context = context
+        self.plan = plan
+        self.relaunches = 0
+        self._finish = finish
+        self._tags = tags or {}
+        self._engine_cm: AbstractContextManager[RunningEngine] | None = None
+        self._engine: RunningEngine | None = None
+        self._tracker: Tracker | None = None
 
-def gpu_telemetry(config: RunConfig) -> Any:
-    if config.hw is None:
-        return None
-    from runner.prepare import preflight as gpu
+    @property
+    def engine(self) -> RunningEngine:
+        assert self._engine is not None, "the session's engine is not running"
+        return self._engine
 
-    return gpu.GpuSampler() if gpu.nvml_available() else None
+    @property
+    def tracker(self) -> Tracker:
+        assert self._tracker is not None, "the session is not open"
+        return self._tracker
+
+    def __enter__(self) -> EngineSession:
+        context = self.context
+        self._tracker = Tracker(
+            context.config.tracking,
+            run_id=context.run_id,
+            config_id=context.config_id,
+            tags={**context.tracking_tags(), **self._tags},
+            params=config_params(context.config),
+        )
+        try:
+            self._start_engine()
+            facts = startup_facts(self.engine)
+            facts["precision_notes"] = verify_precision(context.config, facts)
+            context.manifest["startup"] = facts
+            context.write_manifest()
+            self.tracker.log_startup_facts(facts)
+        except BaseException as exc:
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._stop_engine(exc_type, exc, traceback)
+        status: Status = "FINISHED"
+        if exc_type is not None:
+            status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
+        for step in (self.context.write_manifest, self._run_finish):
+            try:
+                if self.context.results_dir.exists():
+                    step()
+            except (RunnerError, OSError) as error:
+                if exc_type is None:
+                    raise
+                log.warning("after the run failed, runner could not finish its records: %s", error)
+        try:
+            self.tracker.finish(status)
+        except RunnerError as error:
+            if exc_type is None:
+                raise
+            log.warning("could not mark the MLflow run %s: %s", status, error)
+
+    def relaunch(self) -> None:
+        """Stop the engine and start a fresh one from the same plan."""
+        self.relaunches += 1
+        self._stop_engine(None, None, None)
+        self._start_engine()
+
+    def telemetry(self) -> GpuSampler | None:
+        """A GPU sampler for each window, where the run has a GPU profile and NVML."""
+        if self.context.config.hw is None or not nvml_available():
+            return None
+        return GpuSampler()
+
+    def _start_engine(self) -> None:
+        self._engine_cm = open_engine(self.context, self.plan)
+        self._engine = self._engine_cm.__enter__()
+
+    def _stop_engine(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        engine_cm, self._engine_cm, self._engine = self._engine_cm, None, None
+        if engine_cm is not None:
+            engine_cm.__exit__(exc_type, exc, traceback)
+
+    def _run_finish(self) -> None:
+        if self._finish is not None:
+            self._finish(self.tracker)

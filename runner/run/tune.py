@@ -34,7 +34,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import optuna
+from hydra import compose
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from optuna.trial import TrialState
+from rich.console import Console
+from sqlalchemy.exc import SQLAlchemyError
+
+from runner.compose import to_plain
+from runner.config import Results, RunConfig, build_config
 from runner.errors import ConfigError, RunnerError
+from runner.prepare import identity
+from runner.run.context import pin_model
+from runner.run.pipeline import execute
+from runner.run.resume import prior_windows
+from runner.run.summary import RunSummary
+from runner.search.history import observation
+from runner.search.policy import SearchParams, decide, next_step
 
 log = logging.getLogger("runner")
 
@@ -223,9 +241,6 @@ class Tuner:
 
     def compose(self, extra: Sequence[str]) -> Any:
         """The composed config (a DictConfig, or a RunConfig via :meth:`run_config`)."""
-        from hydra import compose
-        from hydra.errors import HydraException
-        from omegaconf.errors import OmegaConfBaseException
 
         overrides = [*self.overrides, *extra, f"results.dir={self.results_dir}"]
         try:
@@ -238,19 +253,14 @@ class Tuner:
 
     def fit_space_to_users(self) -> None:
         """Keep engine.max_num_seqs at or above the users the composed search tries."""
-        from omegaconf import OmegaConf
-
         base = self.compose([])
-        follows = OmegaConf.to_container(base.search)["max_users"] == "${engine.max_num_seqs}"
+        ceiling = OmegaConf.to_container(base.search).get("max_users")
+        follows = ceiling == "${engine.max_num_seqs}"
         search = OmegaConf.to_container(base.search, resolve=True)
         self.space = fit_to_users(self.space, min_num_seqs(search, follows))
 
     def run_config(self, values: Mapping[str, Any]) -> Any:
         """The trial's RunConfig, its run id and results folder named by its config_id."""
-        from runner.cli import to_plain
-        from runner.config import Results, build_config
-        from runner.prepare import identity
-        from runner.run.context import pin_model
 
         config = build_config(to_plain(self.compose(to_overrides(values))))
         # The id the run itself reports: a branch revision is pinned to its commit first.
@@ -264,11 +274,6 @@ class Tuner:
         )
 
     def objective(self, trial: Any) -> float:
-        import optuna
-        from rich.console import Console
-
-        from runner.run.pipeline import execute
-
         values = suggest(trial, self.space)
         console = Console(highlight=False, soft_wrap=True)
         try:
@@ -284,16 +289,12 @@ class Tuner:
             trial.set_user_attr(INTERRUPTED, True)
             raise
         for key in ("config_id", "best_users", "decision"):
-            trial.set_user_attr(key, summary.get(key))
-        return float(summary.get("median_aggregate_tok_s") or 0.0)
+            trial.set_user_attr(key, getattr(summary, key))
+        return float(summary.objective or 0.0)
 
 
-def replayed_summary(config: Any) -> dict[str, Any] | None:
+def replayed_summary(config: RunConfig) -> RunSummary | None:
     """The decision of a search this setup already finished, without an engine."""
-    from runner.prepare import identity
-    from runner.run.context import prior_windows
-    from runner.search.history import observation
-    from runner.search.policy import SearchParams, decide, next_step
 
     params = SearchParams.from_config(config.search, config.slo)
     history = [
@@ -304,18 +305,23 @@ def replayed_summary(config: Any) -> dict[str, Any] | None:
         return None
     decision = decide(history, params)
     log.info("setup %s was already searched; replaying its decision", identity.config_id(config))
-    return {
-        "config_id": identity.config_id(config),
-        "best_users": decision.best_users,
-        "median_aggregate_tok_s": decision.median_aggregate_tok_s,
-        "decision": decision.reason,
-    }
+    return RunSummary(
+        kind="search",
+        run_id=config.run_id or "",
+        config_id=identity.config_id(config),
+        family=identity.family(config),
+        results_dir=config.results.dir,
+        best_users=decision.best_users,
+        median_aggregate_tok_s=decision.median_aggregate_tok_s,
+        min_user_tok_s=decision.min_user_tok_s,
+        mean_user_tok_s=decision.mean_user_tok_s,
+        decision=decision.reason,
+        windows=len(history),
+        floor_tok_s=config.slo.min_user_tok_s,
+    )
 
 
 def open_study(name: str, storage: str, seed: int | None) -> Any:
-    import optuna
-    from sqlalchemy.exc import SQLAlchemyError
-
     if storage.startswith("sqlite:///"):
         Path(storage.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -340,7 +346,6 @@ def requeue_interrupted(study: Any) -> int:
     closed as failed. It, and every trial stopped by Ctrl-C or SIGTERM, is queued once
     with the same values, so its search resumes from the windows already on disk.
     """
-    from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
     retried = {trial.user_attrs.get(RETRY_OF) for trial in trials}
@@ -359,7 +364,6 @@ def requeue_interrupted(study: Any) -> int:
 def trials_done(study: Any) -> int:
     """Trials that count toward --trials: scored, or pruned because runner could not
     run the setup (an answer too); interrupted ones are run again instead."""
-    from optuna.trial import TrialState
 
     finished = (TrialState.COMPLETE, TrialState.PRUNED)
     return sum(1 for trial in study.get_trials(deepcopy=False) if trial.state in finished)

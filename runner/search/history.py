@@ -2,43 +2,33 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from runner.measure.result import WindowDetail, WindowResult, WindowRow
 from runner.search.policy import Observation
 
-ENGINE_FAULT = "engine fault: "
-
-
-OOM_WORDS = ("lack of memory", "OOM", "out of memory")
-
-
-def engine_fault_of(detail: WindowDetail) -> str | None:
-    """The engine fault that invalidated a window, if one did."""
-    for reason in detail.invalid_reasons:
-        if reason.startswith(ENGINE_FAULT):
-            return reason[len(ENGINE_FAULT):]
-    return None
-
 
 def observation(row: WindowRow, detail: WindowDetail) -> Observation:
-    fault = engine_fault_of(detail) or ""
+    fault = detail.engine_fault
     return Observation(
         users=row.users,
         aggregate_tok_s=row.aggregate_output_tok_s,
         min_user_tok_s=row.min_user_tok_s,
         valid=row.valid,
         phase=detail.phase,
-        oom=any(word in fault for word in OOM_WORDS),
+        oom=fault is not None and fault.oom_killed,
     )
 
 
-def search_history(results: list[WindowResult], relaunch: bool) -> list[Observation]:
+def search_history(results: Sequence[WindowResult], relaunch: bool) -> list[Observation]:
     """What the search has seen. With ``backend.on_engine_fault=relaunch`` a window the
     engine died in is redone on a fresh engine, so it does not count as a failure;
-    it stays in results.jsonl as an invalid row with its reason."""
+    it stays in results.jsonl as an invalid row with its reason. An OOM kill still
+    counts: it stops the doubling, since more users would be killed again."""
     history = []
     for result in results:
         seen = observation(result.row, result.detail)
-        if relaunch and engine_fault_of(result.detail) and not seen.oom:
-            continue  # redone on the relaunched engine; an OOM still stops the doubling
+        if relaunch and result.detail.engine_fault is not None and not seen.oom:
+            continue
         history.append(seen)
     return history

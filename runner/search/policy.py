@@ -36,8 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from runner.config import SLO, Search
-from runner.errors import ConfigError
+from runner.config import SLO, FixedSearch, Search
 
 Phase = Literal["coarse", "refine", "confirm"]
 
@@ -88,15 +87,10 @@ class SearchParams:
 
     @classmethod
     def from_config(cls, search: Search, slo: SLO) -> SearchParams:
-        if search.kind == "fixed" and not search.users:
-            raise ConfigError(
-                "search.kind is 'fixed' but search.users is empty, so there is nothing to "
-                "measure. List the user counts to measure (for example "
-                "search.users=[8,16,24]) or use search=bracket to let runner find them."
-            )
+        if isinstance(search, FixedSearch):
+            return cls(kind="fixed", users=tuple(search.users), floor_tok_s=slo.min_user_tok_s)
         return cls(
-            kind=search.kind,
-            users=tuple(search.users),
+            kind="bracket",
             start_users=search.start_users,
             max_users=search.max_users,
             floor_tok_s=slo.min_user_tok_s,

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psutil
+from docker.errors import DockerException
 
 from runner.engines.base import RunningEngine
 from runner.smoke.probe import (
@@ -121,7 +122,6 @@ def _process_tree_rss(pid: int) -> int | None:
 
 def _container_memory(container: Any) -> int | None:
     """What ``docker stats`` shows: usage less inactive file cache (cgroup v1 or v2 key)."""
-    from docker.errors import DockerException
 
     try:
         memory = container.stats(stream=False).get("memory_stats") or {}

@@ -41,7 +41,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from runner.config import Workload
+from jinja2 import TemplateError
+from transformers import AutoTokenizer
+
+from runner.config import ContextMixWorkload
 from runner.errors import WorkloadError
 from runner.workload.prompt import Prompt, prompts_by_bucket
 
@@ -125,8 +128,6 @@ _SLOTS = {
 def load_tokenizer(model_dir: Path | str) -> Any:
     """The model's own tokenizer and chat template, from local files only."""
     try:
-        from transformers import AutoTokenizer
-
         return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise WorkloadError(
@@ -137,7 +138,7 @@ def load_tokenizer(model_dir: Path | str) -> Any:
         ) from exc
 
 
-def build_prompts(tokenizer: Any, workload: Workload) -> list[Prompt]:
+def build_prompts(tokenizer: Any, workload: ContextMixWorkload) -> list[Prompt]:
     """``prompts_per_bucket`` unique prompts per bucket, each exactly at its token count."""
     if workload.max_tokens is None:
         raise WorkloadError(
@@ -224,43 +225,6 @@ def encode_workload(prompts: list[Prompt], seed: int) -> bytes:
     return ("\n".join(lines) + "\n").encode("ascii")
 
 
-def decode_workload(
-    data: bytes, source: str = "workload.jsonl"
-) -> tuple[dict[str, Any], list[Prompt]]:
-    """Header and prompts from ``workload.jsonl`` bytes; checks what the header promises."""
-    try:
-        lines = data.decode("ascii").splitlines()
-        header = json.loads(lines[0])
-        if not isinstance(header, dict):
-            raise ValueError("the first line is not a header object")
-        prompts = [Prompt(**json.loads(line)) for line in lines[1:] if line]
-    except (UnicodeDecodeError, IndexError, ValueError, TypeError) as exc:
-        raise WorkloadError(
-            f"{source} is not a runner workload file ({exc}). It is written by runner "
-            "as one JSON header line and one JSON prompt per line; rebuild it rather "
-            "than editing it, since its SHA-256 identifies the workload."
-        ) from exc
-    problems = []
-    if header.get("format") != FORMAT:
-        problems.append(f"format {header.get('format')!r} is not {FORMAT!r}")
-    if header.get("prompts") != len(prompts):
-        problems.append(
-            f"header announces {header.get('prompts')} prompts, file has {len(prompts)}"
-        )
-    problems += [
-        f"prompt {prompt.id} announces {prompt.prompt_tokens} tokens"
-        f" but holds {len(prompt.token_ids)}"
-        for prompt in prompts
-        if prompt.prompt_tokens != len(prompt.token_ids)
-    ]
-    if problems:
-        raise WorkloadError(
-            f"{source} is inconsistent: {'; '.join(problems[:3])}. The file was changed "
-            "or cut short after it was written; rebuild the workload from its seed."
-        )
-    return header, prompts
-
-
 def write_workload(prompts: list[Prompt], path: Path, seed: int) -> str:
     """Write ``workload.jsonl`` (atomically) and return its SHA-256 hex digest."""
     data = encode_workload(prompts, seed)
@@ -275,19 +239,6 @@ def write_workload(prompts: list[Prompt], path: Path, seed: int) -> str:
             "results folder is writable and the disk is not full."
         ) from exc
     return hashlib.sha256(data).hexdigest()
-
-
-def read_workload(path: Path) -> tuple[list[Prompt], str]:
-    """The prompts of a ``workload.jsonl`` and the file's SHA-256 hex digest."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise WorkloadError(
-            f"The workload file {path} could not be read ({exc}). Build it first, or "
-            "point the run at the results folder that holds it."
-        ) from exc
-    _, prompts = decode_workload(data, str(path))
-    return prompts, hashlib.sha256(data).hexdigest()
 
 
 def _dumps(value: dict[str, Any]) -> str:
@@ -320,8 +271,6 @@ def _renderer(tokenizer: Any) -> Callable[[str, str], str]:
 
     def folded(system: str, user: str) -> str:
         return _apply(tokenizer, [{"role": "user", "content": f"{system}\n\n{user}"}])
-
-    from jinja2 import TemplateError
 
     try:
         with_system("probe", "probe")

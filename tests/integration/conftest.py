@@ -6,6 +6,7 @@ test session and shared; tests must leave it idle when they finish.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import pytest
 
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine, port_is_free
+from runner.measure.sampler import metrics_client, wait_idle_async
 from runner.prepare.tinymodel import ensure_tiny_model
 
 TINY_CONTEXT = 4096
@@ -81,3 +83,13 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     engine = ProcessEngine(plan, log_dir=tmp_path_factory.mktemp("engine"), startup_timeout_s=600)
     with engine:
         yield Server(engine=engine, served_name="tiny", model_dir=tiny_model_dir)
+
+
+def wait_idle(base_url: str, timeout_s: float) -> None:
+    """Block until the engine reports zero running and zero waiting requests."""
+
+    async def wait() -> None:
+        async with metrics_client(base_url, {}) as client:
+            await wait_idle_async(client, timeout_s)
+
+    asyncio.run(wait())

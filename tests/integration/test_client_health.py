@@ -21,14 +21,14 @@ from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
 from runner.measure.clienthealth import CLIENT_BUSY_CPU_PCT
-from runner.measure.protocol import run_window, wait_idle
+from runner.measure.protocol import run_window
 from runner.measure.records import RequestRecord
 from runner.measure.streams import BURSTY_WINDOW_SHARE, stream_timing, summarize_streams
 from runner.measure.transport import Endpoint, StreamConnection
 from runner.output.console import console_line
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
-from tests.integration.conftest import TINY_CONTEXT, Server, free_port
+from tests.integration.conftest import TINY_CONTEXT, Server, free_port, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -198,5 +198,5 @@ def test_a_client_that_wakes_late_reads_events_in_lumps_and_the_flag_blames_it(
     timing = stream_timing(record)
     assert timing.bursty and timing.burst_source == "client", timing
     summary = summarize_streams([record], decode_tok_s_aggregate=1.0)
-    assert summary["burst_source"] == "client"
-    assert summary["events_per_read_mean"] > summary["tokens_per_event_mean"]
+    assert summary.burst_source == "client"
+    assert summary.events_per_read_mean > summary.tokens_per_event_mean

@@ -7,11 +7,12 @@ import pytest
 
 from runner.config import RunConfig, build_config
 from runner.measure.metrics import parse_metrics
-from runner.measure.protocol import run_window, wait_idle
+from runner.measure.protocol import run_window
 from runner.measure.result import WindowRow
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from runner.workload.prompt import Prompt
 from tests.conftest import compose
+from tests.integration.conftest import wait_idle
 
 pytestmark = pytest.mark.integration
 

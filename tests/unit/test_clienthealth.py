@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from runner.measure.clienthealth import ClientHealth, engine_addresses, judge
+from runner.measure.clienthealth import engine_addresses
+from runner.measure.gates import judge
+from runner.measure.records import ClientHealth
 
 
 def health(lag_ms: float | None = 2.0, connections: int | None = 33, users: int = 32, cpu_pct: float = 95.0):
@@ -18,7 +20,6 @@ def health(lag_ms: float | None = 2.0, connections: int | None = 33, users: int 
 def test_a_client_with_a_quiet_loop_and_every_connection_kept_up() -> None:
     verdict = judge(health(), max_loop_lag_ms=50.0)
     assert verdict.kept_up and verdict.reasons == ()
-    assert verdict.as_dict()["kept_up"] is True
 
 
 def test_loop_lag_above_the_limit_means_the_client_fell_behind() -> None:
@@ -39,7 +40,7 @@ def test_fewer_connections_than_users_means_users_were_not_streaming() -> None:
     assert not verdict.kept_up
     assert "31 open connection(s) to the engine for 32 users" in verdict.reasons[0]
     both = judge(health(lag_ms=80.0, connections=0), max_loop_lag_ms=50.0)
-    assert len(both.reasons) == 2 and both.as_dict()["reasons"] == list(both.reasons)
+    assert len(both.reasons) == 2
 
 
 def test_unavailable_figures_do_not_condemn_the_window() -> None:

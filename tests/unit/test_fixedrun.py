@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from runner.config import RunConfig
+from runner.config import RunConfig, build_config
 from runner.errors import ConfigError
 from runner.measure.benchmark import BenchmarkMeasurement, BenchmarkRow, summarize_benchmark
 from runner.measure.metrics import EngineMetrics
@@ -183,7 +183,7 @@ def refusal(config: RunConfig) -> str:
 def test_seed_000s_benchmark_validates_without_the_search_ceiling(tmp_path: Path) -> None:
     """seed 000 serves --concurrency 32 with --max-num-seqs 32; the search's max_users
     does not apply to a run without a search."""
-    validate(benchmark_config(tmp_path))
+    assert validate(benchmark_config(tmp_path)) == []
 
 
 def test_the_benchmark_needs_its_users_within_max_num_seqs(tmp_path: Path) -> None:
@@ -207,15 +207,16 @@ def test_a_missing_dataset_is_refused_but_only_warned_about_in_a_dry_run(tmp_pat
 
 
 def test_each_kind_requires_its_input_and_refuses_the_others(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="needs dataset_path"):
-        benchmark_config(tmp_path, dataset_path=None)
+    """A workload file carries only its kind's keys: what another kind reads is refused
+    by name, never silently ignored."""
+    with pytest.raises(ConfigError, match=r"workload\.dataset_path: Field required"):
+        build_config(benchmark_config(tmp_path).model_dump() | {"workload": {
+            "name": "sharegpt", "kind": "sharegpt", "max_tokens": 256}})  # fmt: skip
     mix = benchmark_config(tmp_path).model_dump()
     mix["workload"] = {"name": "mix", "buckets": [{"total_tokens": 1024}], "max_tokens": 64,
                        "concurrency": 8}  # fmt: skip
-    mix["search"] = {"kind": "bracket", "start_users": 7, "max_users": 32}
-    assert "workload.concurrency is read only by the ShareGPT benchmark" in refusal(
-        RunConfig.model_validate(mix)
-    )
+    with pytest.raises(ConfigError, match=r"workload\.concurrency: Extra inputs are not permitted"):
+        build_config(mix)
     mix["workload"] = {"name": "mix", "max_tokens": 64}
-    with pytest.raises(ValueError, match="at least one bucket"):
-        RunConfig.model_validate(mix)
+    with pytest.raises(ConfigError, match=r"workload\.buckets: Field required"):
+        build_config(mix)

@@ -127,7 +127,7 @@ def samples(*ticks):
 
 
 def test_summary_averages_utilisation_and_sums_power_across_gpus():
-    summary = telemetry.summarise_samples(
+    summary = telemetry.summarize_samples(
         samples([(100, 600.0, 0), (80, 500.0, 0)], [(60, 400.0, 0), (40, 300.0, 0)])
     )
     assert summary.available
@@ -137,20 +137,20 @@ def test_summary_averages_utilisation_and_sums_power_across_gpus():
 
 
 def test_unread_figures_are_unavailable_never_zero():
-    summary = telemetry.summarise_samples(samples([(None, None, None)], [(None, None, None)]))
+    summary = telemetry.summarize_samples(samples([(None, None, None)], [(None, None, None)]))
     assert summary.gpu_util_avg_pct is None
     assert summary.power_avg_w is None
-    assert telemetry.summarise_samples([]).available is False
+    assert telemetry.summarize_samples([]).available is False
 
 
 def test_a_tick_missing_one_gpu_power_is_left_out_of_the_power_average():
-    summary = telemetry.summarise_samples(samples([(50, 300.0, 0), (50, None, 0)], [(50, 300.0, 0), (50, 200.0, 0)]))
+    summary = telemetry.summarize_samples(samples([(50, 300.0, 0), (50, None, 0)], [(50, 300.0, 0), (50, 200.0, 0)]))
     assert summary.power_avg_w == pytest.approx(500.0)
 
 
 def test_power_capping_under_load_is_not_marked_throttled_but_thermal_slowdown_is():
-    assert not telemetry.summarise_samples(samples([(100, 700.0, 0x4)])).throttled
-    assert telemetry.summarise_samples(samples([(100, 700.0, 0x4)], [(100, 650.0, 0x20)])).throttled
+    assert not telemetry.summarize_samples(samples([(100, 700.0, 0x4)])).throttled
+    assert telemetry.summarize_samples(samples([(100, 700.0, 0x4)], [(100, 650.0, 0x20)])).throttled
 
 
 @pytest.mark.skipif(nvml.nvml_available(), reason="this machine has NVML; see tests/gpu")

@@ -8,6 +8,8 @@ from pathlib import Path
 from runner.measure.result import BucketStats, WindowDetail, WindowRow
 from runner.output.compare import render_compare
 from runner.output.report import plot_report, render_report
+from tests import builders
+from tests.builders import make_streams
 
 SUMMARY = {
     "run_id": "run-a",
@@ -39,14 +41,12 @@ SECTION_11_LABELS = [
 
 
 def make_row(users: int, aggregate: float, slowest: float, valid: bool = True) -> WindowRow:
-    return WindowRow(
-        timestamp_utc="2026-07-10T12:00:00Z", run_id="run-a", config_id="cfg", window_s=300.0,
-        users=users, aggregate_output_tok_s=aggregate, server_output_tok_s=aggregate,
+    return builders.make_row(
+        users, config_id="cfg", aggregate_output_tok_s=aggregate, server_output_tok_s=aggregate,
         mean_user_tok_s=aggregate / users, min_user_tok_s=slowest, p05_user_tok_s=slowest + 0.2,
         ttft_p50_ms=100.0, ttft_p95_ms=200.0, ttft_p99_ms=300.0 + users,
         request_latency_p50_ms=1e4, request_latency_p95_ms=2e4, request_latency_p99_ms=3e4 + users,
-        request_errors=0, preemptions=0, peak_kv_cache_pct=50.0, gpu_util_avg_pct=None,
-        power_avg_w=None, valid=valid,
+        preemptions=0, peak_kv_cache_pct=50.0, valid=valid,
     )  # fmt: skip
 
 
@@ -57,11 +57,7 @@ def make_detail(
         BucketStats(total, users // 2, 10, 40.0, 16.0, 50.0, 100.0 * index + users, 1e4, 2e4)
         for index, total in enumerate((1000, 30000), start=1)
     ]
-    return WindowDetail(
-        phase=phase, user_tok_s=[16.0] * users, user_bucket=[0] * users, buckets=buckets,
-        client_tokens=1, server_tokens=1, audit_delta_pct=0.0, requests_dispatched=1,
-        requests_completed=1, invalid_reasons=reasons or [],
-    )  # fmt: skip
+    return builders.make_detail(users, phase=phase, buckets=buckets, invalid_reasons=reasons or [])
 
 
 ROWS = [
@@ -128,9 +124,9 @@ def test_window_table_lists_every_window_with_invalid_reasons() -> None:
 def test_window_table_says_whether_the_streams_arrived_in_lumps() -> None:
     """seed 000: a bursty window is marked with who merged the tokens."""
     marked = [
-        dataclasses.replace(DETAILS[0], extra={"bursty": True, "burst_source": "server"}),
-        dataclasses.replace(DETAILS[1], extra={"bursty": False}),
-        dataclasses.replace(DETAILS[2], extra={}),
+        dataclasses.replace(DETAILS[0], streams=make_streams(True, "server")),
+        dataclasses.replace(DETAILS[1], streams=make_streams(False)),
+        dataclasses.replace(DETAILS[2], streams=None),
     ]
     report = render_report(SUMMARY, ROWS[:3], marked)
     table = [line for line in report.splitlines() if line.startswith("| ") and line[2].isdigit()]

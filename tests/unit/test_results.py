@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from runner.errors import TrackingError
-from runner.measure.result import BucketStats, WindowDetail, WindowResult, WindowRow
+from runner.errors import ResultsError
+from runner.measure.result import WindowResult
 from runner.output.console import console_line, print_window
 from runner.output.results import ResultsWriter, read_results, read_rows
+from tests.builders import make_detail, make_row, make_streams
 
 SEED_FIELDS = [
     "timestamp_utc", "run_id", "config_id", "window_s", "users",
@@ -25,50 +26,6 @@ SEED_FIELDS = [
     "request_errors", "preemptions", "peak_kv_cache_pct", "gpu_util_avg_pct",
     "power_avg_w", "valid",
 ]  # fmt: skip
-
-
-def make_row(users: int = 28, **changes: object) -> WindowRow:
-    row = WindowRow(
-        timestamp_utc="2026-07-10T12:00:00Z",
-        run_id="run-a",
-        config_id="cfg-a",
-        window_s=300.0,
-        users=users,
-        aggregate_output_tok_s=512.25,
-        server_output_tok_s=514.0,
-        mean_user_tok_s=18.29,
-        min_user_tok_s=16.5,
-        p05_user_tok_s=16.9,
-        ttft_p50_ms=120.0,
-        ttft_p95_ms=900.0,
-        ttft_p99_ms=1234.56,
-        request_latency_p50_ms=20000.0,
-        request_latency_p95_ms=28000.0,
-        request_latency_p99_ms=31000.04,
-        request_errors=0,
-        preemptions=None,
-        peak_kv_cache_pct=71.5,
-        gpu_util_avg_pct=None,
-        power_avg_w=None,
-        valid=True,
-    )
-    return dataclasses.replace(row, **changes)
-
-
-def make_detail(reasons: list[str] | None = None) -> WindowDetail:
-    bucket = BucketStats(1000, 4, 10, 70.0, 16.5, 100.0, 300.0, 20000.0, 30000.0)
-    return WindowDetail(
-        phase="bracket",
-        user_tok_s=[16.5, 20.0],
-        user_bucket=[0, 0],
-        buckets=[bucket],
-        client_tokens=153675,
-        server_tokens=154200,
-        audit_delta_pct=0.34,
-        requests_dispatched=300,
-        requests_completed=300,
-        invalid_reasons=reasons or [],
-    )
 
 
 def test_row_fields_are_exactly_the_seed_fields_in_order(tmp_path: Path) -> None:
@@ -97,7 +54,7 @@ def test_appends_never_truncate_and_header_is_written_once(tmp_path: Path) -> No
 
 def test_rows_round_trip_with_unavailable_figures(tmp_path: Path) -> None:
     row = make_row(ttft_p99_ms=None, server_output_tok_s=None, valid=False)
-    ResultsWriter(tmp_path).append(WindowResult(row, make_detail(["no first token"])))
+    ResultsWriter(tmp_path).append(WindowResult(row, make_detail(invalid_reasons=["no first token"])))
     assert read_rows(tmp_path) == [row]
 
 
@@ -133,13 +90,13 @@ def test_a_damaged_middle_line_is_an_error(tmp_path: Path) -> None:
     ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
     text = (tmp_path / "results.jsonl").read_text()
     (tmp_path / "results.jsonl").write_text("{broken\n" + text)
-    with pytest.raises(TrackingError, match="Line 1"):
+    with pytest.raises(ResultsError, match="Line 1"):
         read_rows(tmp_path)
 
 
 def test_csv_from_another_layout_is_refused(tmp_path: Path) -> None:
     (tmp_path / "results.csv").write_text("users,tok_s\n7,100\n")
-    with pytest.raises(TrackingError, match="columns"):
+    with pytest.raises(ResultsError, match="columns"):
         ResultsWriter(tmp_path)
 
 
@@ -158,7 +115,7 @@ def test_console_line_fails_below_the_floor() -> None:
 
 def test_console_line_fail_from_invalidity_gives_the_reasons() -> None:
     row = make_row(valid=False)
-    line = console_line(row, make_detail(["audit 2.3% > 1%"]), floor=15.0)
+    line = console_line(row, make_detail(invalid_reasons=["audit 2.3% > 1%"]), floor=15.0)
     assert line.endswith("FAIL (invalid: audit 2.3% > 1%)")
     assert console_line(row).endswith("FAIL (invalid)")
 
@@ -170,13 +127,13 @@ def test_console_line_prints_unavailable_figures_as_na() -> None:
 
 def test_console_line_marks_a_bursty_window_before_its_verdict() -> None:
     """seed 000: a window whose streams arrived in bursts says so on its line."""
-    bursty = dataclasses.replace(make_detail(), extra={"bursty": True})
-    steady = dataclasses.replace(make_detail(), extra={"bursty": False})
+    bursty = dataclasses.replace(make_detail(), streams=make_streams(True))
+    steady = dataclasses.replace(make_detail(), streams=make_streams(False))
     assert console_line(make_row(), bursty, floor=15.0).endswith(
         "request_latency_p99_ms=31000.0 BURSTY PASS"
     )
     assert "BURSTY" not in console_line(make_row(), steady, floor=15.0)
-    blamed = dataclasses.replace(make_detail(), extra={"bursty": True, "burst_source": "client"})
+    blamed = dataclasses.replace(make_detail(), streams=make_streams(True, "client"))
     assert console_line(make_row(), blamed, floor=15.0).endswith(" BURSTY(client) PASS")
     console = Console(record=True, width=300, color_system=None)
     print_window(console, make_row(), bursty, floor=15.0)

@@ -1,5 +1,8 @@
 """What a run sees of windows already measured: an engine that died in one (seed 004 §9:
-OOM stops the doubling), and which configuration a run_id may resume."""
+OOM stops the doubling), and which configuration a run_id may resume.
+
+The faults come from the backends' own classification (:func:`process_fault`,
+:func:`container_fault`) and pass through the window statistics, as in a run."""
 
 from __future__ import annotations
 
@@ -9,51 +12,63 @@ from pathlib import Path
 import pytest
 
 from runner.config import build_config
+from runner.engines.base import EngineFault, container_fault, process_fault
 from runner.errors import ConfigError
 from runner.measure.benchmark import BenchmarkRow
-from runner.measure.result import WindowDetail, WindowResult, WindowRow
+from runner.measure.result import WindowResult
 from runner.output.benchmark import BENCHMARK_NAME, read_benchmark_rows
-from runner.output.results import ResultsWriter
+from runner.output.results import ResultsWriter, read_results
 from runner.run.benchmark import measured_before
-from runner.run.context import RunContext, check_resumable, holds_run
+from runner.run.context import RunContext
+from runner.run.resume import check_resumable, holds_run
 from runner.search.history import search_history
 from tests.conftest import compose
+from tests.unit.test_window import measure, record
 
 
-def window(users: int, reasons: list[str]) -> WindowResult:
-    row = WindowRow(
-        timestamp_utc="t", run_id="r", config_id="c", window_s=10.0, users=users,
-        aggregate_output_tok_s=100.0, server_output_tok_s=100.0, mean_user_tok_s=100.0 / users,
-        min_user_tok_s=20.0, p05_user_tok_s=20.0, ttft_p50_ms=1.0, ttft_p95_ms=1.0, ttft_p99_ms=1.0,
-        request_latency_p50_ms=1.0, request_latency_p95_ms=1.0, request_latency_p99_ms=1.0,
-        request_errors=0, preemptions=0, peak_kv_cache_pct=1.0, gpu_util_avg_pct=None,
-        power_avg_w=None, valid=not reasons,
-    )
-    detail = WindowDetail(
-        phase="coarse", user_tok_s=[20.0] * users, user_bucket=[1] * users, buckets=[],
-        client_tokens=1000, server_tokens=1000, audit_delta_pct=0.0, requests_dispatched=1,
-        requests_completed=1, invalid_reasons=reasons,
-    )
-    return WindowResult(row=row, detail=detail)
+def window(users: int, fault: EngineFault | None = None) -> WindowResult:
+    """A window as summarize_window makes it, the engine dying in it or not."""
+    records = [record(user, 100.0, [(105.0, 50)], finished=106.0) for user in range(users)]
+    result = measure(records, users, server_tokens=50 * users, fault=fault)
+    return result
 
 
-CRASH = "engine fault: the engine container exited with status 1"
-OOM = "engine fault: the engine container exited with status 137 (killed for lack of memory)"
+CRASH = process_fault(1)
+OOM_PROCESS = process_fault(-9)
+OOM_CONTAINER = container_fault({"Status": "exited", "ExitCode": 137, "OOMKilled": True}, 0)
+
+
+def test_the_backends_classify_a_kernel_kill_as_out_of_memory() -> None:
+    assert OOM_PROCESS.oom_killed and OOM_PROCESS.exit_code == -9
+    assert OOM_CONTAINER is not None and OOM_CONTAINER.oom_killed
+    assert not CRASH.oom_killed
+    assert container_fault({"Status": "running"}, 0) is None
+    restarted = container_fault({"Status": "running"}, 2)
+    assert restarted is not None and not restarted.oom_killed
 
 
 def test_stop_mode_counts_an_engine_death_as_a_failed_window() -> None:
-    history = search_history([window(7, []), window(14, [CRASH])], relaunch=False)
-    assert [(h.users, h.valid) for h in history] == [(7, True), (14, False)]
+    history = search_history([window(7), window(14, CRASH)], relaunch=False)
+    assert [(h.users, h.valid, h.oom) for h in history] == [(7, True, False), (14, False, False)]
 
 
 def test_relaunch_mode_redoes_the_window_the_engine_died_in() -> None:
-    history = search_history([window(7, []), window(14, [CRASH])], relaunch=True)
+    history = search_history([window(7), window(14, CRASH)], relaunch=True)
     assert [h.users for h in history] == [7]
 
 
-def test_an_oom_kill_is_kept_and_marked_so_the_search_stops_doubling() -> None:
-    history = search_history([window(7, []), window(14, [OOM])], relaunch=True)
+@pytest.mark.parametrize("oom", [OOM_PROCESS, OOM_CONTAINER], ids=["process", "container"])
+def test_an_oom_kill_is_kept_and_marked_so_the_search_stops_doubling(oom: EngineFault) -> None:
+    history = search_history([window(7), window(14, oom)], relaunch=True)
     assert [(h.users, h.oom) for h in history] == [(7, False), (14, True)]
+
+
+def test_the_fault_survives_the_results_file(tmp_path: Path) -> None:
+    """A resumed run reads the typed fault back, so it decides as the live run did."""
+    ResultsWriter(tmp_path).append(window(14, OOM_PROCESS))
+    (read,) = read_results(tmp_path)
+    assert read.detail.engine_fault == OOM_PROCESS
+    assert search_history([read], relaunch=True)[0].oom
 
 
 def context_in(folder: Path, config_id: str) -> RunContext:
@@ -63,23 +78,23 @@ def context_in(folder: Path, config_id: str) -> RunContext:
 
 def test_a_run_id_resumes_only_the_configuration_it_measured(tmp_path: Path) -> None:
     """Resuming with other engine flags would mix two setups' windows in one search."""
-    ResultsWriter(tmp_path).append(window(7, []))  # run_id "r", config_id "c"
-    check_resumable(context_in(tmp_path, "c"))
-    check_resumable(context_in(tmp_path / "elsewhere", "other"))
+    ResultsWriter(tmp_path).append(window(7))  # run_id "r", config_id "c"
+    check_resumable(tmp_path, "r", "c")
+    check_resumable(tmp_path / "elsewhere", "r", "other")
     with pytest.raises(ConfigError, match="run_id=r already holds results of config_id c") as caught:
-        check_resumable(context_in(tmp_path, "other"))
+        check_resumable(tmp_path, "r", "other")
     assert "new run_id" in str(caught.value) and "\n" not in str(caught.value)
 
 
 def test_a_finished_benchmark_is_found_by_its_run_id_and_read_back(tmp_path: Path) -> None:
     """A benchmark row written before a figure was added still reads, the figure as None."""
     names = BenchmarkRow.field_names()
-    record = {name: None for name in names if name != "burst_source"}
-    record.update(run_id="r", config_id="c", concurrency=4, workload="sharegpt")
-    (tmp_path / BENCHMARK_NAME).write_text(json.dumps(record) + "\n")
+    record_ = {name: None for name in names if name != "burst_source"}
+    record_.update(run_id="r", config_id="c", concurrency=4, workload="sharegpt")
+    (tmp_path / BENCHMARK_NAME).write_text(json.dumps(record_) + "\n")
     (row,) = read_benchmark_rows(tmp_path)
     assert row.burst_source is None and row.concurrency == 4
     assert measured_before(context_in(tmp_path, "c")) == row
     assert holds_run(tmp_path, "r") and not holds_run(tmp_path, "s")
     with pytest.raises(ConfigError, match="config_id c"):
-        check_resumable(context_in(tmp_path, "other"))
+        check_resumable(tmp_path, "r", "other")

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from runner.config import SLO, Search
-from runner.errors import ConfigError
+from runner.config import SLO, BracketSearch, FixedSearch
 from runner.search.policy import Observation, SearchParams, Step, decide, next_step
 from runner.search.simulator import SHAPES, Curve, draw_curve, run_policy
 
@@ -217,13 +216,13 @@ def test_fixed_search_measures_each_listed_count_once_in_order() -> None:
 
 
 def test_params_from_config() -> None:
-    params = SearchParams.from_config(Search(kind="bracket", screening_window_s=60), SLO())
+    params = SearchParams.from_config(BracketSearch(kind="bracket", screening_window_s=60), SLO())
     assert params.floor_tok_s == 15.0
     assert params.coarse_floor_tok_s == 15.5
     assert params.screening and params.start_users == 7 and params.confirm_repeats == 3
-    assert not SearchParams.from_config(Search(kind="bracket"), SLO()).screening
-    with pytest.raises(ConfigError, match="search.users"):
-        SearchParams.from_config(Search(kind="fixed"), SLO())
+    assert not SearchParams.from_config(BracketSearch(kind="bracket"), SLO()).screening
+    fixed = SearchParams.from_config(FixedSearch(kind="fixed", users=[4, 8, 4]), SLO())
+    assert (fixed.kind, fixed.users) == ("fixed", (4, 8, 4))
 
 
 @pytest.mark.parametrize("shape", SHAPES)

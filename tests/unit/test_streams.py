@@ -91,12 +91,12 @@ def test_an_empty_stream_has_no_figures() -> None:
 
 def test_a_window_of_steady_streams_is_not_bursty_and_reports_the_aggregate() -> None:
     summary = summarize_streams([steady(64, gap_s=0.05) for _ in range(10)], 123.4)
-    assert summary["bursty"] is False and summary["burst_share"] == 0.0
-    assert summary["tpot_p50_ms"] == pytest.approx(50.0)
-    assert summary["itl_p50_ms"] == pytest.approx(50.0)
-    assert summary["itl_p99_ms"] == pytest.approx(50.0)
-    assert summary["tokens_per_chunk_mean"] == pytest.approx(1.0)
-    assert summary["decode_tok_s_aggregate"] == 123.4
+    assert summary.bursty is False and summary.burst_share == 0.0
+    assert summary.tpot_p50_ms == pytest.approx(50.0)
+    assert summary.itl_p50_ms == pytest.approx(50.0)
+    assert summary.itl_p99_ms == pytest.approx(50.0)
+    assert summary.tokens_per_chunk_mean == pytest.approx(1.0)
+    assert summary.decode_tok_s_aggregate == 123.4
 
 
 def test_the_window_flag_needs_more_than_its_share_of_bursty_streams() -> None:
@@ -106,19 +106,19 @@ def test_the_window_flag_needs_more_than_its_share_of_bursty_streams() -> None:
         BURSTY_WINDOW_SHARE * 100
     )
     above_share = [*at_share[1:], burst_at_end()]
-    assert summarize_streams(at_share, 1.0)["bursty"] is False
+    assert summarize_streams(at_share, 1.0).bursty is False
     flagged = summarize_streams(above_share, 1.0)
-    assert flagged["bursty"] is True
-    assert flagged["burst_share"] == pytest.approx(BURSTY_WINDOW_SHARE + 0.01)
+    assert flagged.bursty is True
+    assert flagged.burst_share == pytest.approx(BURSTY_WINDOW_SHARE + 0.01)
     # The per-stream figures still look healthy: only the flag tells the reader.
-    assert flagged["tpot_p50_ms"] == pytest.approx(20.0)
-    assert flagged["itl_p50_ms"] == pytest.approx(20.0)
+    assert flagged.tpot_p50_ms == pytest.approx(20.0)
+    assert flagged.itl_p50_ms == pytest.approx(20.0)
 
 
 def test_a_window_without_streams_is_unavailable_not_zero() -> None:
     summary = summarize_streams([], 0.0)
-    assert summary["tpot_p50_ms"] is None and summary["itl_p99_ms"] is None
-    assert summary["burst_share"] is None and summary["bursty"] is False
+    assert summary.tpot_p50_ms is None and summary.itl_p99_ms is None
+    assert summary.burst_share is None and summary.bursty is False
 
 
 def test_a_burst_of_merged_events_is_the_servers() -> None:
@@ -154,9 +154,9 @@ def test_the_window_names_the_source_of_most_bursty_streams() -> None:
     client = counted([(1.0, 1), (2.0, 31)], 32)
     healthy = counted([(1.0 + i * 0.02, 1) for i in range(32)], 32)
     summary = summarize_streams([server, server, client, healthy], 1.0)
-    assert summary["burst_source"] == "server"
-    assert summary["tokens_per_event_mean"] == pytest.approx(128 / 68)
-    assert summary["events_per_read_mean"] == pytest.approx(68 / 38)
-    assert summarize_streams([server, client], 1.0)["burst_source"] == "server+client"
-    assert summarize_streams([healthy], 1.0)["burst_source"] is None
-    assert summarize_streams([steady(64)], 1.0)["tokens_per_event_mean"] is None
+    assert summary.burst_source == "server"
+    assert summary.tokens_per_event_mean == pytest.approx(128 / 68)
+    assert summary.events_per_read_mean == pytest.approx(68 / 38)
+    assert summarize_streams([server, client], 1.0).burst_source == "server+client"
+    assert summarize_streams([healthy], 1.0).burst_source is None
+    assert summarize_streams([steady(64)], 1.0).tokens_per_event_mean is None

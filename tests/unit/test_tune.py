@@ -12,7 +12,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 from optuna.trial import FixedTrial
 
-from runner.cli import config_dir, to_plain
+from runner.compose import config_dir, to_plain
 from runner.config import build_config
 from runner.errors import ConfigError
 from runner.prepare import identity, validate
@@ -191,7 +191,15 @@ def test_every_sweep_job_is_a_valid_gpu_run_with_its_own_config_id(
     assert len(ids) == len(jobs)
 
 
+def test_the_seed_004_tuning_steps_each_have_a_sweep_file() -> None:
+    """Seed 004 §10 tunes in this order: batched tokens, sequences, prefill, memory share."""
+    assert SWEEP_NAMES == [
+        "gpu_memory_utilization", "max_num_batched_tokens", "max_num_seqs", "prefill"
+    ]
+
+
 def test_sweep_files_comment_every_key_and_cite_the_seed() -> None:
+    assert SWEEP_NAMES, f"no sweep files in {SWEEPS}"
     for path in SWEEPS.glob("*.yaml"):
         text = path.read_text()
         assert "seed 004 §10" in text, path

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
@@ -49,7 +50,8 @@ def make_config(**groups: dict[str, Any] | Any) -> RunConfig:
         "results": {"dir": "results/test"},
     }
     for key, value in groups.items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
+        kind_changes = isinstance(value, dict) and value.get("kind", data.get(key, {}).get("kind")) != data.get(key, {}).get("kind")
+        if isinstance(value, dict) and isinstance(data.get(key), dict) and not kind_changes:
             data[key] = data[key] | value
         else:
             data[key] = value
@@ -131,8 +133,13 @@ def test_the_bracket_ceiling_may_not_exceed_max_num_seqs() -> None:
 def test_fixed_user_counts_may_not_exceed_max_num_seqs() -> None:
     message = refusal(make_config(search={"kind": "fixed", "users": [4, 80]}))
     assert "80" in message
-    validate(make_config(search={"kind": "fixed", "users": [4, 64]}))
-    assert "users" in refusal(make_config(search={"kind": "fixed", "users": []}))
+    assert validate(make_config(search={"kind": "fixed", "users": [4, 64]})) == []
+
+
+@pytest.mark.parametrize("users", [[], [0], [4, -1]])
+def test_a_fixed_search_needs_users_of_at_least_one(users: list[int]) -> None:
+    with pytest.raises(ValidationError, match="search.fixed.users"):
+        make_config(search={"kind": "fixed", "users": users})
 
 
 def test_an_unpinned_image_is_refused_for_a_measured_docker_run() -> None:
@@ -171,7 +178,7 @@ def test_extra_args_may_not_repeat_a_typed_flag(flag: str) -> None:
 
 
 def test_extra_args_carry_flags_no_field_covers() -> None:
-    validate(make_config(engine={"extra_args": ["--enforce-eager"]}))
+    assert validate(make_config(engine={"extra_args": ["--enforce-eager"]})) == []
 
 
 def test_the_api_key_must_be_read_from_vllms_own_variable() -> None:

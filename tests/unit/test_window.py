@@ -7,6 +7,7 @@ from array import array
 import numpy as np
 import pytest
 
+from runner.engines.base import EngineFault
 from runner.measure.metrics import EngineMetrics
 from runner.measure.records import MetricsSample, RequestRecord, TelemetrySummary, WindowMeasurement
 from runner.measure.window import summarize_window
@@ -57,7 +58,7 @@ def measure(
     buckets: list[int] | None = None,
     samples: list[MetricsSample] | None = None,
     telemetry: TelemetrySummary | None = None,
-    fault: str | None = None,
+    fault: EngineFault | None = None,
     preemptions: tuple[float | None, float | None] = (2.0, 5.0),
 ):
     start = metrics(1000.0, preemptions[0])
@@ -153,10 +154,12 @@ def test_audit_outside_tolerance_invalidates() -> None:
     assert any("differ" in reason for reason in bad.detail.invalid_reasons)
 
 
-def test_engine_fault_invalidates() -> None:
-    result = measure([record(0, 99.0, [(101.0, 10)])], 1, server_tokens=10, fault="exit 137")
+def test_engine_fault_invalidates_and_is_kept_typed() -> None:
+    fault = EngineFault("the engine process exited with status -9", exit_code=-9, oom_killed=True)
+    result = measure([record(0, 99.0, [(101.0, 10)])], 1, server_tokens=10, fault=fault)
     assert not result.row.valid
-    assert any("exit 137" in reason for reason in result.detail.invalid_reasons)
+    assert any("status -9" in reason for reason in result.detail.invalid_reasons)
+    assert result.detail.engine_fault == fault
 
 
 def test_p05_and_min_over_users() -> None:

@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections import Counter
 
 import pytest
 
-from runner.config import Bucket, Workload
+from runner.config import Bucket, ContextMixWorkload
 from runner.errors import WorkloadError
 from runner.prepare.tinymodel import ensure_tiny_model
 from runner.workload.context_mix import (
     build_prompts,
     load_tokenizer,
-    read_workload,
     shared_prefix_tokens,
     write_workload,
 )
-from runner.workload.prompt import assign_buckets
+from runner.workload.prompt import Prompt, assign_buckets
 
 SEED_004_TOTALS = [1000, 2000, 4000, 8000, 16000, 24000, 30000]
 
@@ -29,7 +29,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
 
 
 def workload(totals: list[int], max_tokens: int | None = 512, per_bucket: int = 2, seed: int = 0):
-    return Workload(
+    return ContextMixWorkload(
         name="test",
         buckets=[Bucket(total_tokens=total) for total in totals],
         max_tokens=max_tokens,
@@ -113,24 +113,10 @@ def test_workload_file_round_trips_with_a_header_line(tokenizer, tmp_path):
         {"total_tokens": 800, "prompt_tokens": 288, "max_tokens": 512, "prompts": 3},
         {"total_tokens": 1600, "prompt_tokens": 1088, "max_tokens": 512, "prompts": 3},
     ]
-    assert len(path.read_text().splitlines()) == 7
-    read_back, read_digest = read_workload(path)
-    assert read_back == prompts
-    assert read_digest == digest
-
-
-def test_a_cut_short_workload_file_is_refused(tokenizer, tmp_path):
-    prompts = build_prompts(tokenizer, workload([800], per_bucket=3))
-    path = tmp_path / "workload.jsonl"
-    write_workload(prompts, path, seed=0)
-    path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")
-    with pytest.raises(WorkloadError, match="header announces 3 prompts, file has 2"):
-        read_workload(path)
-    path.write_text("not json\n")
-    with pytest.raises(WorkloadError, match="not a runner workload file"):
-        read_workload(path)
-    with pytest.raises(WorkloadError, match="could not be read"):
-        read_workload(tmp_path / "missing.jsonl")
+    lines = path.read_text().splitlines()
+    assert len(lines) == 7
+    assert [Prompt(**json.loads(line)) for line in lines[1:]] == prompts
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
 
 
 def test_impossible_buckets_raise_a_clear_paragraph(tokenizer):
