@@ -11,7 +11,6 @@ import fcntl
 import logging
 import os
 import re
-import signal
 import sys
 import tempfile
 from pathlib import Path
@@ -26,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
+from runner import shutdown
 from runner.compose import config_dir, to_plain
 from runner.config import build_config, did_you_mean
 from runner.errors import ConfigError, RunnerError
@@ -73,11 +73,6 @@ def host_slot(count: int, base: int = 0) -> int:
 OmegaConf.register_new_resolver("runner.slot", host_slot, replace=True)
 
 
-def _terminate(signum: int, frame: Any) -> None:
-    # SIGTERM unwinds like Ctrl-C, so every context manager stops its engine.
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 @hydra.main(config_path=config_dir(), config_name="runner", version_base="1.3")
 def app(cfg: DictConfig) -> Any:
     # Hydra sets the root logger to INFO; one log line per HTTP request would bury the
@@ -86,7 +81,7 @@ def app(cfg: DictConfig) -> Any:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    signal.signal(signal.SIGTERM, _terminate)
+    shutdown.install()
     try:
         config = build_config(to_plain(cfg))
         summary = execute(config, console)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import TrialState
 from rich.console import Console
 
-from runner.cli import _terminate
+from runner import shutdown
 from runner.compose import config_dir
 from runner.errors import ConfigError, RunnerError
 from runner.run.tune import (
@@ -52,7 +51,7 @@ def tune(args: argparse.Namespace) -> int:
             log.info("re-queued %d trial(s) an interrupted tuner left unfinished", queued)
         remaining = max(0, args.trials - trials_done(study))
         log.info("study %s: %d trial(s) to run", args.study, remaining)
-        signal.signal(signal.SIGTERM, _terminate)
+        shutdown.install()
         study.optimize(tuner.objective, n_trials=remaining)
     print_best(study)
     return 0

@@ -26,6 +26,7 @@ import httpx
 from docker.types import DeviceRequest
 
 import docker
+from runner import shutdown
 from runner.config import RunConfig
 from runner.engines.base import EngineFault, LaunchPlan, container_fault
 from runner.engines.process import secret_values
@@ -130,6 +131,20 @@ def remove_run_containers(run_id: str, client: Any = None) -> int:
     return removed
 
 
+def _remove(container: Any) -> None:
+    try:
+        container.stop(timeout=STOP_TIMEOUT_S)
+    except docker.errors.DockerException:
+        pass  # already gone or already stopped: removal below settles it
+    try:
+        container.remove(force=True)
+        log.info("removed engine container %s", container.name)
+    except docker.errors.NotFound:
+        pass
+    except docker.errors.DockerException as exc:
+        log.warning("could not remove engine container %s: %s", container.name, exc)
+
+
 def _container_name(config_id: str) -> str:
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", config_id)[:40].strip("-.") or "engine"
     return f"runner-{safe}-{uuid.uuid4().hex[:6]}"
@@ -208,17 +223,8 @@ class DockerEngine:
         """Stop and remove the container; safe to call more than once."""
         container, self.container = self.container, None
         if container is not None:
-            try:
-                container.stop(timeout=STOP_TIMEOUT_S)
-            except docker.errors.DockerException:
-                pass  # already gone or already stopped: removal below settles it
-            try:
-                container.remove(force=True)
-                log.info("removed engine container %s", container.name)
-            except docker.errors.NotFound:
-                pass
-            except docker.errors.DockerException as exc:
-                log.warning("could not remove engine container %s: %s", container.name, exc)
+            with shutdown.shielded():
+                _remove(container)
         if self._log_thread is not None:
             self._log_thread.join(timeout=5)
             self._log_thread = None

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from runner import shutdown
 from runner.engines.base import EngineFault, LaunchPlan, process_fault
 from runner.errors import EngineStartError
 
@@ -189,15 +190,19 @@ class ProcessEngine:
         return read_tail(self.log_path, lines)
 
     def stop(self) -> None:
+        """Stop the server and every worker in its process group; a second signal meanwhile
+        waits until they are gone (:func:`runner.shutdown.shielded`)."""
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout=30)
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
+        with shutdown.shielded():
+            try:
+                # Also when the server already exited: its workers may outlive it.
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(timeout=30)
+            except ProcessLookupError:
+                return
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=30)
         log.info("engine stopped")

@@ -17,7 +17,7 @@ from typing import Any
 
 from runner.config import RunConfig
 from runner.engines.base import LaunchPlan
-from runner.errors import ConfigError
+from runner.errors import ConfigError, ResultsError
 from runner.output.tracking import config_tags
 from runner.prepare import flags, identity, launch, validate
 from runner.prepare.modelref import ResolvedModel, resolve_revision
@@ -46,10 +46,20 @@ class RunContext:
         return Path(self.config.cache_dir).expanduser()
 
     def write_manifest(self) -> Path:
+        """Write manifest.json whole (through a temporary file that never stays behind)."""
         path = self.results_dir / "manifest.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str))
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str))
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise ResultsError(
+                f"The run's manifest could not be written to {path} ({exc}). Free disk "
+                "space or fix the folder's permissions (results.dir), then resume the run "
+                "with its run_id; rows already written are intact."
+            ) from exc
+        finally:
+            tmp.unlink(missing_ok=True)
         return path
 
     def tracking_tags(self) -> dict[str, str]:
@@ -93,9 +103,19 @@ def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
         kv=config.kv.model_dump(),
         engine=config.engine.model_dump(),
         hardware=config.hw.model_dump() if config.hw else "cpu (no GPU profile)",
+        measurement=measurement_settings(config),
         warnings=warnings,
     )
     return context, warnings
+
+
+def measurement_settings(config: RunConfig) -> dict[str, Any]:
+    """What a run's windows measure besides the engine: a resumed run must match it."""
+    return {
+        "workload": config.workload.model_dump(mode="json"),
+        "search": config.search.model_dump(mode="json"),
+        "slo": config.slo.model_dump(mode="json"),
+    }
 
 
 def pin_model(config: RunConfig, warnings: list[str]) -> tuple[RunConfig, ResolvedModel]:

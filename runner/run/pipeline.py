@@ -24,10 +24,12 @@ from runner.run.context import (
     RunContext,
     build_plan,
     check_engine_flags,
+    measurement_settings,
     model_location,
     prepare,
 )
 from runner.run.dryrun import dry_run
+from runner.run.lock import RunLock
 from runner.run.resume import check_resumable
 from runner.run.summary import RunSummary
 
@@ -42,17 +44,20 @@ def execute(config: RunConfig, console: Console | None = None) -> RunSummary:
     plan = build_plan(context, engine_model_path, host_model_dir)
     if config.dry_run:
         return dry_run(context, plan, console)
-    check_resumable(context.results_dir, context.run_id, context.config_id)
-    if config.workload.kind == "sharegpt":
-        if (row := benchmark.measured_before(context)) is not None:
-            return benchmark.report_measured(context, row, console)
-    before_launch(context, plan, host_model_dir)
-    if config.workload.kind == "sharegpt":
-        return benchmark.run_benchmark(context, plan, host_model_dir, console)
-    prompts, workload_sha = build_workload(context, host_model_dir)
-    context.manifest["workload"] = {"sha256": workload_sha, "seed": config.workload.seed}
-    context.write_manifest()
-    return CapacitySearch(context, plan, prompts, console).run()
+    with RunLock(context.results_dir, context.run_id, context.cache_dir):
+        check_resumable(
+            context.results_dir, context.run_id, context.config_id, measurement_settings(config)
+        )
+        if config.workload.kind == "sharegpt":
+            if (row := benchmark.measured_before(context)) is not None:
+                return benchmark.report_measured(context, row, console)
+        before_launch(context, plan, host_model_dir)
+        if config.workload.kind == "sharegpt":
+            return benchmark.run_benchmark(context, plan, host_model_dir, console)
+        prompts, workload_sha = build_workload(context, host_model_dir)
+        context.manifest["workload"] = {"sha256": workload_sha, "seed": config.workload.seed}
+        context.write_manifest()
+        return CapacitySearch(context, plan, prompts, console).run()
 
 
 def before_launch(context: RunContext, plan: LaunchPlan, host_model_dir: Path | None) -> None:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
-from runner.errors import ConfigError
+from runner.errors import ConfigError, ResultsError
 from runner.measure.result import WindowResult
 from runner.output.benchmark import read_benchmark_rows
-from runner.output.results import read_results, read_rows
+from runner.output.results import read_results
 
 log = logging.getLogger("runner")
 
@@ -44,7 +45,7 @@ def resume_folder(results_dir: Path, run_id: str) -> Path:
 
 def run_config_ids(folder: Path, run_id: str) -> set[str]:
     """The config_ids of the rows ``run_id`` wrote in ``folder``: windows or a benchmark."""
-    rows = [*read_rows(folder), *read_benchmark_rows(folder)]
+    rows = [*(result.row for result in read_results(folder)), *read_benchmark_rows(folder)]
     return {row.config_id for row in rows if row.run_id == run_id}
 
 
@@ -52,8 +53,12 @@ def holds_run(folder: Path, run_id: str) -> bool:
     return bool(run_config_ids(folder, run_id))
 
 
-def check_resumable(results_dir: Path, run_id: str, config_id: str) -> None:
-    """A run_id resumes only the configuration it measured; raises ConfigError otherwise."""
+def check_resumable(
+    results_dir: Path, run_id: str, config_id: str, measurement: dict[str, Any]
+) -> None:
+    """A run_id resumes only what it measured: the same engine setup (``config_id``) and
+    the same workload, search and SLO (``measurement``, as in the manifest); raises
+    ConfigError naming what differs otherwise."""
     others = run_config_ids(results_dir, run_id) - {config_id}
     if others:
         raise ConfigError(
@@ -63,6 +68,32 @@ def check_resumable(results_dir: Path, run_id: str, config_id: str) -> None:
             "run. Give the new configuration a new run_id, or resume with the configuration "
             "that run measured (its manifest.json holds it)."
         )
+    if not run_config_ids(results_dir, run_id):
+        return
+    before = _manifest(results_dir).get("measurement")
+    if before is None:
+        return
+    changed = [group for group in measurement if before.get(group) != measurement[group]]
+    if changed:
+        raise ConfigError(
+            f"run_id={run_id} in {results_dir} was measured with another "
+            f"{', '.join(changed)} than this command gives: its windows and the new ones "
+            "would not be measurements of the same thing. Resume with the settings in its "
+            "manifest.json (key 'measurement'), or give this run a new run_id."
+        )
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((folder / "manifest.json").read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ResultsError(
+            f"{folder / 'manifest.json'} cannot be read ({exc}); restore it or start a "
+            "new run_id."
+        ) from exc
+    return data if isinstance(data, dict) else {}
 
 
 def prior_windows(results_dir: Path, run_id: str) -> list[WindowResult]:

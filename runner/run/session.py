@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from runner import shutdown
 from runner.engines.base import LaunchPlan, RunningEngine
 from runner.engines.docker import DockerEngine
 from runner.engines.external import ExternalEngine
@@ -185,7 +186,8 @@ class EngineSession:
     ) -> None:
         engine_cm, self._engine_cm, self._engine = self._engine_cm, None, None
         if engine_cm is not None:
-            engine_cm.__exit__(exc_type, exc, traceback)
+            with shutdown.shielded():
+                engine_cm.__exit__(exc_type, exc, traceback)
 
     def _run_finish(self) -> None:
         if self._finish is not None:

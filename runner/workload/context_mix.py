@@ -234,6 +234,7 @@ def write_workload(prompts: list[Prompt], path: Path, seed: int) -> str:
         partial.write_bytes(data)
         partial.replace(path)
     except OSError as exc:
+        partial.unlink(missing_ok=True)
         raise WorkloadError(
             f"The workload could not be written to {path} ({exc}). Check that the "
             "results folder is writable and the disk is not full."

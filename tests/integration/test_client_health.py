@@ -20,7 +20,7 @@ import pytest
 from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
-from runner.measure.clienthealth import CLIENT_BUSY_CPU_PCT
+from runner.measure.gates import CLIENT_BUSY_CPU_PCT
 from runner.measure.protocol import run_window
 from runner.measure.records import RequestRecord
 from runner.measure.streams import BURSTY_WINDOW_SHARE, stream_timing, summarize_streams
@@ -70,28 +70,30 @@ def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server,
     window records the client's loop lag, CPU and connections."""
     result = measure(vllm_server, users, window_config(vllm_server.served_name))
     detail = result.detail
-    client = detail.extra["client"]
+    client = detail.client
+    streams = detail.streams
+    assert client is not None and streams is not None
     assert detail.audit_delta_pct is not None and detail.audit_delta_pct <= 1.0, detail
     # Every user streams on a connection of its own; the /metrics client may add one.
-    assert users <= client["open_connections"] <= users + 1
-    assert client["loop_lag_p99_ms"] is not None and client["loop_lag_p99_ms"] >= 0
-    assert client["cpu_pct"] > 0
+    assert users <= client.open_connections <= users + 1
+    assert client.loop_lag_p99_ms is not None and client.loop_lag_p99_ms >= 0
+    assert client.cpu_pct > 0
     # seed 004 §7's 15 tok/s floor: one token gap, 66.7 ms, is the default lag limit; a
     # client lagging while nearly idle is held off by the engine on the same cores.
-    fell_behind = client["loop_lag_p99_ms"] > 1000.0 / 15.0 and client["cpu_pct"] >= CLIENT_BUSY_CPU_PCT
-    assert client["kept_up"] == (not fell_behind)
-    assert result.row.valid == (client["kept_up"] and not detail.invalid_reasons), detail
-    assert detail.extra["tpot_p50_ms"] > 0 and detail.extra["itl_p99_ms"] > 0
-    assert detail.extra["bursty"] == (detail.extra["burst_share"] > BURSTY_WINDOW_SHARE)
-    if users == 1 and client["loop_lag_p99_ms"] <= QUIET_LOOP_MS:
+    fell_behind = client.loop_lag_p99_ms > 1000.0 / 15.0 and client.cpu_pct >= CLIENT_BUSY_CPU_PCT
+    assert client.kept_up == (not fell_behind)
+    assert result.row.valid == (client.kept_up and not detail.invalid_reasons), detail
+    assert streams.tpot_p50_ms > 0 and streams.itl_p99_ms > 0
+    assert streams.bursty == (streams.burst_share > BURSTY_WINDOW_SHARE)
+    if users == 1 and client.loop_lag_p99_ms <= QUIET_LOOP_MS:
         # One stream, read by a client that wakes on time, arrives about one token per
         # read: not bursty. Under load vLLM's frontend merges the deltas it could not
         # send yet, and a client held off by the engine on the same cores reads several
         # events at once: then the flag rightly says the ITL figures are coarse.
-        assert detail.extra["bursty"] is False, detail.extra
-        assert detail.extra["tokens_per_chunk_mean"] < 2.0, detail.extra
+        assert streams.bursty is False, streams
+        assert streams.tokens_per_chunk_mean < 2.0, streams
         assert "BURSTY" not in console_line(result.row, detail)
-    assert detail.extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s
+    assert streams.decode_tok_s_aggregate == result.row.aggregate_output_tok_s
 
 
 def test_an_overloaded_window_queues_and_says_whether_its_streams_arrived_in_lumps(
@@ -105,13 +107,14 @@ def test_an_overloaded_window_queues_and_says_whether_its_streams_arrived_in_lum
     console too, and report the aggregate decode rate beside the TPOT/ITL figures."""
     config = window_config(vllm_server.served_name, window_s=6.0, max_tokens=32)
     result = measure(vllm_server, 512, config)
-    extra = result.detail.extra
-    assert extra["queue"]["waiting_max"] > 0  # really overloaded
-    assert extra["judged_requests"] > 0
-    assert extra["bursty"] == (extra["burst_share"] > BURSTY_WINDOW_SHARE)
-    assert ("BURSTY" in console_line(result.row, result.detail)) == extra["bursty"]
-    assert extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s > 0
-    if not extra["client"]["kept_up"]:
+    extra = result.detail.streams
+    assert extra is not None and result.detail.queue is not None and result.detail.client is not None
+    assert result.detail.queue.waiting_max > 0  # really overloaded
+    assert extra.judged_requests > 0
+    assert extra.bursty == (extra.burst_share > BURSTY_WINDOW_SHARE)
+    assert ("BURSTY" in console_line(result.row, result.detail)) == extra.bursty
+    assert extra.decode_tok_s_aggregate == result.row.aggregate_output_tok_s > 0
+    if not result.detail.client.kept_up:
         assert not result.row.valid
         assert any("could not keep up" in r for r in result.detail.invalid_reasons)
     wait_idle(vllm_server.base_url, 300)
@@ -146,15 +149,16 @@ def test_a_window_whose_tokens_arrive_in_lumps_carries_the_burst_flag(lumped_ser
     """seed 000: streams delivered many tokens at a time are flagged, on the console
     too, and the aggregate decode rate is reported beside the distorted TPOT/ITL."""
     result = measure(lumped_server, 8, window_config(lumped_server.served_name, max_tokens=64))
-    extra = result.detail.extra
-    assert extra["bursty"] is True, extra
-    assert extra["burst_share"] > 0.5
-    assert extra["tokens_per_chunk_mean"] >= STREAM_INTERVAL / 2
-    assert extra["decode_tok_s_aggregate"] == result.row.aggregate_output_tok_s > 0
+    extra = result.detail.streams
+    assert extra is not None
+    assert extra.bursty is True, extra
+    assert extra.burst_share > 0.5
+    assert extra.tokens_per_chunk_mean >= STREAM_INTERVAL / 2
+    assert extra.decode_tok_s_aggregate == result.row.aggregate_output_tok_s > 0
     assert result.detail.audit_delta_pct <= 1.0  # the counts still agree: only timing lies
     # The server packed the tokens (--stream-interval), not the client's reads.
-    assert extra["burst_source"] == "server", extra
-    assert extra["tokens_per_event_mean"] >= STREAM_INTERVAL / 2
+    assert extra.burst_source == "server", extra
+    assert extra.tokens_per_event_mean >= STREAM_INTERVAL / 2
     assert " BURSTY(server) " in console_line(result.row, result.detail)
 
 

@@ -124,7 +124,7 @@ def test_console_manifest_and_mlflow_name_the_run(whole_run, work: Path) -> None
     manifest = json.loads((results / "manifest.json").read_text())
     assert manifest["family"] == "bf16-sharegpt-natural-eos"
     assert manifest["config_id"] == row["config_id"]
-    assert manifest["summary"]["prompts_completed"] == 30
+    assert manifest["summary"]["benchmark"]["prompts_completed"] == 30
     client = MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
     experiment = client.get_experiment_by_name("runner")
     (parent,) = client.search_runs(

@@ -70,9 +70,9 @@ def test_one_window_measures_every_user_and_passes_the_audit(vllm_server) -> Non
     assert all(bucket.requests > 0 and bucket.ttft_p99_ms is not None for bucket in detail.buckets)
     assert row.ttft_p50_ms <= row.ttft_p99_ms <= row.request_latency_p99_ms
     assert detail.requests_completed == detail.requests_dispatched
-    assert detail.extra["usage_mismatches"] == 0  # streamed IDs agree with usage (seed 004 §5)
+    assert detail.usage_mismatches == 0  # streamed IDs agree with usage (seed 004 §5)
     assert row.peak_kv_cache_pct > 0
-    assert detail.extra["queue"]["samples"] >= 8  # 1 Hz sampling through the window
+    assert detail.queue.samples >= 8  # 1 Hz sampling through the window
     assert server_metrics(vllm_server.base_url).idle
 
 

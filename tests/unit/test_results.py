@@ -13,9 +13,9 @@ import pytest
 from rich.console import Console
 
 from runner.errors import ResultsError
-from runner.measure.result import WindowResult
+from runner.measure.result import WindowResult, WindowRow
 from runner.output.console import console_line, print_window
-from runner.output.results import ResultsWriter, read_results, read_rows
+from runner.output.results import ResultsWriter, read_jsonl, read_results
 from tests.builders import make_detail, make_row, make_streams
 
 SEED_FIELDS = [
@@ -38,6 +38,11 @@ def test_row_fields_are_exactly_the_seed_fields_in_order(tmp_path: Path) -> None
     assert header == SEED_FIELDS
     assert values[SEED_FIELDS.index("preemptions")] == ""
     assert values[SEED_FIELDS.index("valid")] == "true"
+
+
+def read_rows(folder: Path) -> list[WindowRow]:
+    """The rows a user reads in results.jsonl."""
+    return [WindowRow(**record) for record in read_jsonl(folder / "results.jsonl")]
 
 
 def test_appends_never_truncate_and_header_is_written_once(tmp_path: Path) -> None:
@@ -63,8 +68,8 @@ def test_a_second_process_reads_each_window_right_after_append(tmp_path: Path) -
     writer = ResultsWriter(tmp_path)
     writer.append(WindowResult(make_row(7), make_detail()))
     code = (
-        "import sys; from pathlib import Path; from runner.output.results import read_rows; "
-        "print([r.users for r in read_rows(Path(sys.argv[1]))])"
+        "import sys; from pathlib import Path; from runner.output.results import read_results; "
+        "print([r.row.users for r in read_results(Path(sys.argv[1]))])"
     )
     seen = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)],
@@ -76,22 +81,57 @@ def test_a_second_process_reads_each_window_right_after_append(tmp_path: Path) -
     assert seen.stdout.strip() == "[7]"
 
 
-def test_torn_last_line_is_ignored_and_cut_before_the_next_append(tmp_path: Path) -> None:
-    """A run killed mid-write leaves half a line; resume must neither fail nor fuse it."""
+@pytest.mark.parametrize("name", ["results.jsonl", "windows_detail.jsonl"])
+@pytest.mark.parametrize("tail", ['{"timestamp_utc": "2026-07-10T12:05', '{"users": 9}'])
+def test_a_torn_last_line_is_ignored_and_cut_before_the_next_append(
+    tmp_path: Path, name: str, tail: str
+) -> None:
+    """A run killed mid-write leaves a last line without its newline, even one that
+    parses: reader and writer agree it is torn, so resume neither fails nor fuses it."""
     ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
-    with (tmp_path / "results.jsonl").open("a") as handle:
-        handle.write('{"timestamp_utc": "2026-07-10T12:05')
+    with (tmp_path / name).open("a") as handle:
+        handle.write(tail)
+    assert [result.row.users for result in read_results(tmp_path)] == [7]
     assert [row.users for row in read_rows(tmp_path)] == [7]
     ResultsWriter(tmp_path).append(WindowResult(make_row(14), make_detail()))
+    assert [result.row.users for result in read_results(tmp_path)] == [7, 14]
     assert [row.users for row in read_rows(tmp_path)] == [7, 14]
+
+
+def test_a_kill_between_the_appends_of_a_window_neither_loses_nor_doubles_it(
+    tmp_path: Path,
+) -> None:
+    """windows_detail.jsonl is written first and is the file of record: the next writer
+    rebuilds results.jsonl and results.csv from it."""
+    writer = ResultsWriter(tmp_path)
+    writer.append(WindowResult(make_row(7), make_detail()))
+    writer.append(WindowResult(make_row(14), make_detail()))
+    for name in ("results.jsonl", "results.csv"):  # as if killed after the first append
+        lines = (tmp_path / name).read_text().splitlines(keepends=True)
+        (tmp_path / name).write_text("".join(lines[:-1]))
+    ResultsWriter(tmp_path).append(WindowResult(make_row(28), make_detail()))
+    assert [row.users for row in read_rows(tmp_path)] == [7, 14, 28]
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert [line.split(",")[4] for line in csv_lines[1:]] == ["7", "14", "28"]
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_window_of_another_layout_is_refused_by_name(tmp_path: Path) -> None:
+    ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
+    record = json.loads((tmp_path / "windows_detail.jsonl").read_text())
+    record["schema"] = 1
+    (tmp_path / "windows_detail.jsonl").write_text(json.dumps(record) + "\n")
+    with pytest.raises(ResultsError, match="another version of runner") as caught:
+        read_results(tmp_path)
+    assert "\n" not in str(caught.value)
 
 
 def test_a_damaged_middle_line_is_an_error(tmp_path: Path) -> None:
     ResultsWriter(tmp_path).append(WindowResult(make_row(7), make_detail()))
-    text = (tmp_path / "results.jsonl").read_text()
-    (tmp_path / "results.jsonl").write_text("{broken\n" + text)
+    text = (tmp_path / "windows_detail.jsonl").read_text()
+    (tmp_path / "windows_detail.jsonl").write_text("{broken\n" + text)
     with pytest.raises(ResultsError, match="Line 1"):
-        read_rows(tmp_path)
+        read_results(tmp_path)
 
 
 def test_csv_from_another_layout_is_refused(tmp_path: Path) -> None:

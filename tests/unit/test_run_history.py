@@ -7,6 +7,7 @@ The faults come from the backends' own classification (:func:`process_fault`,
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,8 @@ from runner.measure.result import WindowResult
 from runner.output.benchmark import BENCHMARK_NAME, read_benchmark_rows
 from runner.output.results import ResultsWriter, read_results
 from runner.run.benchmark import measured_before
-from runner.run.context import RunContext
+from runner.run.context import RunContext, measurement_settings
+from runner.run.lock import RunLock
 from runner.run.resume import check_resumable, holds_run
 from runner.search.history import search_history
 from tests.conftest import compose
@@ -79,10 +81,10 @@ def context_in(folder: Path, config_id: str) -> RunContext:
 def test_a_run_id_resumes_only_the_configuration_it_measured(tmp_path: Path) -> None:
     """Resuming with other engine flags would mix two setups' windows in one search."""
     ResultsWriter(tmp_path).append(window(7))  # run_id "r", config_id "c"
-    check_resumable(tmp_path, "r", "c")
-    check_resumable(tmp_path / "elsewhere", "r", "other")
+    check_resumable(tmp_path, "r", "c", {})
+    check_resumable(tmp_path / "elsewhere", "r", "other", {})
     with pytest.raises(ConfigError, match="run_id=r already holds results of config_id c") as caught:
-        check_resumable(tmp_path, "r", "other")
+        check_resumable(tmp_path, "r", "other", {})
     assert "new run_id" in str(caught.value) and "\n" not in str(caught.value)
 
 
@@ -97,4 +99,28 @@ def test_a_finished_benchmark_is_found_by_its_run_id_and_read_back(tmp_path: Pat
     assert measured_before(context_in(tmp_path, "c")) == row
     assert holds_run(tmp_path, "r") and not holds_run(tmp_path, "s")
     with pytest.raises(ConfigError, match="config_id c"):
-        check_resumable(tmp_path, "r", "other")
+        check_resumable(tmp_path, "r", "other", {})
+
+
+def test_a_run_id_resumes_only_the_workload_search_and_slo_it_measured(tmp_path: Path) -> None:
+    """Same engine, other windows or floor: the rows would measure two different things."""
+    config = build_config(compose())
+    context = RunContext(config, config_id="c", family="bf16", run_id="r", results_dir=tmp_path)
+    context.manifest["measurement"] = measurement_settings(config)
+    context.write_manifest()
+    ResultsWriter(tmp_path).append(window(7))
+    check_resumable(tmp_path, "r", "c", measurement_settings(config))
+    other = build_config(compose(["search.window_s=7", "slo.min_user_tok_s=20"]))
+    with pytest.raises(ConfigError, match="another search, slo than this command gives"):
+        check_resumable(tmp_path, "r", "c", measurement_settings(other))
+    assert not list(tmp_path.glob("*.tmp"))
+
+
+def test_a_second_runner_on_the_same_run_id_or_folder_is_refused(tmp_path: Path) -> None:
+    with RunLock(tmp_path / "a", "r", tmp_path / "cache"):
+        with pytest.raises(ConfigError, match=rf"pid {os.getpid()}\) is using run_id=r"):
+            RunLock(tmp_path / "b", "r", tmp_path / "cache").__enter__()
+        with pytest.raises(ConfigError, match="is using the results folder"):
+            RunLock(tmp_path / "a", "s", tmp_path / "cache").__enter__()
+    with RunLock(tmp_path / "b", "r", tmp_path / "cache"):  # released with the first
+        assert (tmp_path / "b" / ".runner.lock").read_text() == str(os.getpid())
