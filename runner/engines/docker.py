@@ -257,6 +257,11 @@ class DockerEngine:
     def _start(self) -> None:
         client = self._client or connect()
         self._client = client
+        # The run holds its run_id's lock (runner.run.lock), so a container with this
+        # run_id is one a killed runner left behind: it would hold the GPUs.
+        orphans = remove_run_containers(self.run_id, client)
+        if orphans:
+            log.warning("removed %d engine container(s) a stopped run %s left behind", orphans, self.run_id)
         plan, backend = self.plan, self.config.backend
         image = ensure_image(client, plan.image)
         self.image_id = image.id

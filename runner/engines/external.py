@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -9,6 +10,10 @@ import httpx
 
 from runner.engines.base import EngineFault
 from runner.errors import EngineStartError
+
+
+# How long /health may fail in a row before the server counts as stopped.
+HEALTH_GRACE_S = 30.0
 
 
 class ExternalEngine:
@@ -20,6 +25,7 @@ class ExternalEngine:
         self.base_url = url.rstrip("/")
         self.api_key = api_key
         self.ready_s: float | None = None
+        self._failing_since: float | None = None
         self.image_id: str | None = None
         self.repo_digests: list[str] = []
 
@@ -47,11 +53,22 @@ class ExternalEngine:
         return None
 
     def fault(self) -> EngineFault | None:
+        """None while /health answers 200. A server under full load can answer one
+        check late: only /health failing for HEALTH_GRACE_S in a row is a fault."""
         try:
             status = httpx.get(f"{self.base_url}/health", timeout=10.0).status_code
+            problem = None if status == 200 else f"/health answered HTTP {status}"
         except httpx.HTTPError as exc:
-            return EngineFault(f"the engine stopped answering /health ({exc.__class__.__name__})")
-        return None if status == 200 else EngineFault(f"/health answered HTTP {status}")
+            problem = f"the engine stopped answering /health ({exc.__class__.__name__})"
+        if problem is None:
+            self._failing_since = None
+            return None
+        now = time.monotonic()
+        if self._failing_since is None:
+            self._failing_since = now
+        if now - self._failing_since < HEALTH_GRACE_S:
+            return None
+        return EngineFault(f"{problem} for {now - self._failing_since:.0f} s")
 
     def log_tail(self, lines: int = 40) -> str:
         return "(the log of an external engine is not available to runner)"

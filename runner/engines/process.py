@@ -25,6 +25,7 @@ from types import TracebackType
 from typing import Any
 
 import httpx
+import psutil
 
 from runner import shutdown
 from runner.engines.base import EngineFault, LaunchPlan, process_fault
@@ -68,6 +69,26 @@ def port_is_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def listening_pids(port: int) -> set[int]:
+    """The processes with a TCP socket listening on ``port`` (those this user may see)."""
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return set()
+    return {
+        conn.pid
+        for conn in connections
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid
+    }
+
+
+def process_tree(pid: int) -> set[int]:
+    try:
+        return {child.pid for child in psutil.Process(pid).children(recursive=True)}
+    except psutil.Error:
+        return set()
 
 
 def secret_values(names: list[str]) -> dict[str, str]:
@@ -159,6 +180,7 @@ class ProcessEngine:
             )
         try:
             self.ready_s = wait_ready(self.base_url, self.startup_timeout_s, self.fault, self.log_tail)
+            self._check_own_server()
         except BaseException:
             self.stop()
             raise
@@ -172,6 +194,21 @@ class ProcessEngine:
         traceback: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def _check_own_server(self) -> None:
+        """The server that answered /health is the one runner started: its process (or a
+        child of it) listens on the port. Another job of a parallel sweep that took the
+        same port would otherwise be measured as this engine."""
+        assert self._process is not None
+        owners = listening_pids(self.plan.port)
+        tree = {self._process.pid} | process_tree(self._process.pid)
+        if owners and not owners & tree:
+            raise EngineStartError(
+                f"Port {self.plan.port} answers, but from process(es) {sorted(owners)}, not from "
+                f"the engine runner started (pid {self._process.pid}): another server took the "
+                "port. Give each job its own port (engine.port, or ${runner.slot:N,BASE} in a "
+                "parallel sweep)."
+            )
 
     @property
     def pid(self) -> int | None:

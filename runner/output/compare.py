@@ -21,13 +21,12 @@ from rich.console import Console
 from rich.table import Table
 
 from runner.errors import TrackingError
+from runner.output.mlflowstore import check_reachable, shown_uri
 from runner.output.tracking import (
     BEST_AGGREGATE_TOK_S,
     BEST_MIN_USER_TOK_S,
     BEST_USERS,
     KIND_TAG,
-    check_reachable,
-    shown_uri,
 )
 
 UNKNOWN_FAMILY = "unknown"

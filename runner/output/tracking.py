@@ -9,7 +9,16 @@ and validity. At the end the run loop logs :data:`BEST_USERS`,
 :mod:`runner.compare` reads.
 
 A resumed run finds its parent again (same ``run_id`` and ``config_id``) and skips
-windows whose child run is already there, so resuming leaves no duplicate runs.
+windows whose child run is already there, so resuming leaves no duplicate runs. A
+child left half-logged by a runner that died is removed and logged again; one whose
+runner still lives (another host, say) is left alone.
+
+MLflow never costs a measurement: the parent run is opened before the engine starts
+(a store that cannot be reached is one paragraph, nothing started), and once the
+search runs, a window or figure that cannot be logged, even after the retries of
+:func:`runner.output.mlflowstore.call`, is kept and logged again at the end. The
+rows on disk are the record either way, and a rerun with the run's ``run_id`` logs
+whatever MLflow still lacks without measuring anything again.
 With ``tracking.enabled=false`` the same API does nothing.
 Environment-variable values are never logged, only their names.
 """
@@ -19,21 +28,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import socket
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
-import httpx
 from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowResult
+from runner.output.mlflowstore import call, connect, experiment_id, shown_uri
 
 log = logging.getLogger("runner")
 
@@ -43,6 +52,7 @@ BEST_MIN_USER_TOK_S = "best_min_user_tok_s"
 
 KIND_TAG = "runner.kind"  # "search" on parents, "window" on children
 WINDOW_INDEX_TAG = "window_index"
+WRITER_TAG = "runner.writer"  # "<host>:<pid>" of the runner that logs a child
 PARENT_TAG = "mlflow.parentRunId"
 
 # MLflow's documented limits (mlflow.utils.validation); exceeding them is a hard error.
@@ -96,33 +106,47 @@ class Tracker:
         self.resumed = False
         self._finished = False
         self._logged_windows: set[int] = set()
+        self._children: dict[int, str] = {}
+        # What could not be logged yet: (what, how), tried again at the end.
+        self._deferred: list[tuple[str, Callable[[], None]]] = []
         if not tracking.enabled:
             self._client: MlflowClient | None = None
             return
-        with _translated(tracking, "open the experiment and the parent run"):
-            self._client = _client(tracking)
-            self._experiment_id = _experiment_id(self._client, tracking)
-            existing = _search_parent(self._client, self._experiment_id, run_id, config_id)
-            if existing is None:
-                all_tags = {**(tags or {}), "config_id": config_id, "run_id": run_id}
-                all_tags[KIND_TAG] = "search"
-                run = self._client.create_run(
+        self._client = call(tracking, "open the MLflow store", lambda: connect(tracking))
+        self._experiment_id = call(
+            tracking, "open the experiment", lambda: experiment_id(self._client, tracking)
+        )
+        existing = call(
+            tracking,
+            "look up this run's parent run",
+            lambda: _search_parent(self._client, self._experiment_id, run_id, config_id),
+        )
+        if existing is None:
+            all_tags = {**(tags or {}), "config_id": config_id, "run_id": run_id, KIND_TAG: "search"}
+            run = call(
+                tracking,
+                "create the parent run",
+                lambda: self._client.create_run(
                     self._experiment_id,
                     run_name=f"{config_id}-{run_id}",
                     tags={key: _clip(str(value), MAX_TAG_VALUE) for key, value in all_tags.items()},
-                )
-                self.parent_run_id = run.info.run_id
-            else:
-                self.parent_run_id = existing
-                self.resumed = True
-                self._client.update_run(existing, status="RUNNING")
-                self._logged_windows = self._finished_windows()
-                log.info(
-                    "resuming MLflow run %s (%d windows already logged)",
-                    existing,
-                    len(self._logged_windows),
-                )
-            self._log_params(params or {})
+                ),
+            )
+            self.parent_run_id = run.info.run_id
+        else:
+            self.parent_run_id = existing
+            self.resumed = True
+            call(tracking, "reopen the parent run",
+                 lambda: self._client.update_run(existing, status="RUNNING"))  # fmt: skip
+            self._logged_windows = call(
+                tracking, "read the windows already logged", self._finished_windows
+            )
+            log.info(
+                "resuming MLflow run %s (%d windows already logged)",
+                existing,
+                len(self._logged_windows),
+            )
+        call(tracking, "log the run's parameters", lambda: self._log_params(params or {}))
 
     def __enter__(self) -> Tracker:
         return self
@@ -145,42 +169,25 @@ class Tracker:
             # The exception already on its way out says more than this one would.
             log.warning("could not mark the MLflow run %s: %s", status, error)
 
+    @property
+    def deferred(self) -> list[str]:
+        """What is waiting to be logged because MLflow failed; empty when all is in."""
+        return [what for what, _ in self._deferred]
+
     def log_window(self, result: WindowResult, index: int) -> None:
         """One child run for window number ``index``; its metrics also go on the parent."""
         if self._client is None or index in self._logged_windows:
             return
-        row = result.row
-        metrics = _row_metrics(result)
-        tags = {
-            PARENT_TAG: self.parent_run_id,
-            KIND_TAG: "window",
-            WINDOW_INDEX_TAG: str(index),
-            "config_id": self.config_id,
-            "run_id": self.run_id,
-            "users": str(row.users),
-            "phase": result.detail.phase,
-            "valid": str(row.valid).lower(),
-        }
-        if result.detail.invalid_reasons:
-            tags["invalid_reasons"] = _clip("; ".join(result.detail.invalid_reasons), MAX_TAG_VALUE)
-        with _translated(self.tracking, f"log the window at users={row.users}"):
-            child = self._client.create_run(
-                self._experiment_id,
-                run_name=f"{self.config_id}-w{index:03d}-n{row.users}",
-                tags=tags,
-            )
-            child_id = child.info.run_id
-            self._log_metrics(child_id, metrics, step=row.users)
-            self._log_metrics(self.parent_run_id, metrics, step=row.users)
-            self._client.set_terminated(child_id, "FINISHED")
-        self._logged_windows.add(index)
+        self._attempt(f"log the window at users={result.row.users}", lambda: self._log_window(result, index))
 
     def log_metrics(self, metrics: Mapping[str, float], step: int | None = None) -> None:
         """Metrics on the parent run (e.g. :data:`BEST_USERS` at the end of a search)."""
         if self._client is None:
             return
-        with _translated(self.tracking, "log metrics on the parent run"):
-            self._log_metrics(self.parent_run_id, metrics, step=step or 0)
+        self._attempt(
+            "log metrics on the parent run",
+            lambda: self._log_metrics(self.parent_run_id, metrics, step=step or 0),
+        )
 
     def log_startup_facts(self, facts: Mapping[str, Any]) -> None:
         """Engine startup facts: numbers as ``startup.*`` metrics, the rest as tags."""
@@ -194,32 +201,92 @@ class Tracker:
             for key, value in facts.items()
             if value is not None and not _is_number(value)
         ]
-        with _translated(self.tracking, "log the engine startup facts"):
+        readable = json.loads(json.dumps(dict(facts), default=str))
+
+        def log_facts() -> None:
             self._log_metrics(self.parent_run_id, numbers, step=0)
             if tags:
                 self._client.log_batch(self.parent_run_id, tags=tags)
-            readable = json.loads(json.dumps(dict(facts), default=str))
             self._client.log_dict(self.parent_run_id, readable, "startup_facts.json")
+
+        self._attempt("log the engine startup facts", log_facts)
 
     def log_artifact(self, path: Path | str, artifact_path: str | None = None) -> None:
         """Copy a file or a whole folder into the parent run's artifacts."""
         if self._client is None:
             return
         path = Path(path)
-        with _translated(self.tracking, f"store {path} as an artifact"):
+
+        def store() -> None:
             if path.is_dir():
                 self._client.log_artifacts(self.parent_run_id, str(path), artifact_path)
             else:
                 self._client.log_artifact(self.parent_run_id, str(path), artifact_path)
 
+        self._attempt(f"store {path} as an artifact", store)
+
     def finish(self, status: Status) -> None:
-        """Close the parent run with FINISHED, FAILED or KILLED (once)."""
+        """Log what was deferred, then close the parent run with FINISHED, FAILED or
+        KILLED (once). Raises TrackingError when MLflow still refuses something."""
         if self._client is None or self._finished:
             self._finished = True
             return
-        with _translated(self.tracking, f"mark the parent run {status}"):
-            self._client.set_terminated(self.parent_run_id, status)
+        pending, self._deferred = self._deferred, []
+        still = []
+        for what, operation in pending:
+            try:
+                call(self.tracking, what, operation)
+            except TrackingError:
+                still.append(what)
+        call(self.tracking, f"mark the parent run {status}",
+             lambda: self._client.set_terminated(self.parent_run_id, status))  # fmt: skip
         self._finished = True
+        if still:
+            raise TrackingError(
+                f"MLflow at {shown_uri(self.tracking.uri)} refused, to the end, to "
+                f"{'; '.join(still[:3])}{' and more' if len(still) > 3 else ''}. Every "
+                "window is in the results folder; rerun the same command with "
+                f"run_id={self.run_id} once MLflow answers to log what it lacks (nothing "
+                "is measured again)."
+            )
+
+    def _attempt(self, what: str, operation: Callable[[], None]) -> None:
+        """``operation`` now, or, if MLflow keeps failing, at :meth:`finish`."""
+        try:
+            call(self.tracking, what, operation)
+        except TrackingError as exc:
+            if not self._deferred:
+                log.warning("%s The run goes on; runner tries again at its end.", exc)
+            self._deferred.append((what, operation))
+
+    def _log_window(self, result: WindowResult, index: int) -> None:
+        row = result.row
+        metrics = _row_metrics(result)
+        tags = {
+            PARENT_TAG: self.parent_run_id,
+            KIND_TAG: "window",
+            WINDOW_INDEX_TAG: str(index),
+            WRITER_TAG: _writer(),
+            "config_id": self.config_id,
+            "run_id": self.run_id,
+            "users": str(row.users),
+            "phase": result.detail.phase,
+            "valid": str(row.valid).lower(),
+        }
+        if result.detail.invalid_reasons:
+            tags["invalid_reasons"] = _clip("; ".join(result.detail.invalid_reasons), MAX_TAG_VALUE)
+        # A retry after a failure part-way reuses the child it already created.
+        if index not in self._children:
+            self._children[index] = self._client.create_run(
+                self._experiment_id,
+                run_name=f"{self.config_id}-w{index:03d}-n{row.users}",
+                tags=tags,
+            ).info.run_id
+        child_id = self._children[index]
+        self._log_metrics(child_id, metrics, step=row.users)
+        self._log_metrics(self.parent_run_id, metrics, step=row.users)
+        self._client.set_terminated(child_id, "FINISHED")
+        self._logged_windows.add(index)
 
     def _log_params(self, params: Mapping[str, Any]) -> None:
         already = self._client.get_run(self.parent_run_id).data.params
@@ -242,7 +309,8 @@ class Tracker:
             )
 
     def _finished_windows(self) -> set[int]:
-        """Window indices with a FINISHED child; a half-logged child is removed and redone."""
+        """Window indices with a FINISHED child. A child its writer left half-logged is
+        removed (it is logged again); one whose writer may still be logging is kept."""
         done: set[int] = set()
         for child in self._client.search_runs(
             [self._experiment_id],
@@ -252,8 +320,14 @@ class Tracker:
             index = child.data.tags.get(WINDOW_INDEX_TAG)
             if child.info.status == "FINISHED" and index is not None:
                 done.add(int(index))
-            else:
+            elif _writer_gone(child.data.tags.get(WRITER_TAG)):
                 self._client.delete_run(child.info.run_id)
+            else:
+                log.warning(
+                    "MLflow child run %s is still being written by %s; leaving it alone",
+                    child.info.run_id,
+                    child.data.tags.get(WRITER_TAG),
+                )
         return done
 
 
@@ -289,53 +363,25 @@ def _clip(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _client(tracking: Tracking) -> MlflowClient:
-    if tracking.uri.startswith(("http://", "https://")):
-        check_reachable(tracking.uri)
-    if tracking.uri.startswith("sqlite:///"):
-        # SQLAlchemy creates the database file but not the folder it lives in.
-        Path(tracking.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=tracking.uri)
+def _writer() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def check_reachable(uri: str) -> None:
-    """Fail in seconds: MLflow's own client retries an unreachable server for minutes."""
+def _writer_gone(writer: str | None) -> bool:
+    """Whether the runner named ``<host>:<pid>`` is gone. A child without the tag comes
+    from an older runner; one from another host cannot be checked and is left alone."""
+    if writer is None:
+        return True
+    host, _, pid = writer.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
     try:
-        httpx.get(f"{uri.rstrip('/')}/health", timeout=10.0)
-    except httpx.TransportError as exc:
-        raise TrackingError(
-            f"The MLflow server at {shown_uri(uri)} does not answer ({exc}). "
-            "Start it (mlflow server), fix tracking.uri, or run with "
-            "tracking.enabled=false; the results folder is written either way."
-        ) from exc
-
-
-def shown_uri(uri: str) -> str:
-    """The URI without any user:password part, safe to print."""
-    parts = urlsplit(uri)
-    if parts.password is None and parts.username is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def _experiment_id(client: Any, tracking: Tracking) -> str:
-    experiment = client.get_experiment_by_name(tracking.experiment)
-    if experiment is None:
-        location = None
-        if tracking.artifact_root:
-            # Resolved now, so artifacts land under the folder the user ran from.
-            location = Path(tracking.artifact_root).expanduser().resolve().as_uri()
-        return client.create_experiment(tracking.experiment, artifact_location=location)
-    if experiment.lifecycle_stage == "deleted":
-        raise TrackingError(
-            f"The MLflow experiment {tracking.experiment!r} at {shown_uri(tracking.uri)} was "
-            "deleted. "
-            "MLflow keeps the name reserved until it is purged; restore it "
-            "(mlflow experiments restore) or choose another with tracking.experiment=NAME."
-        )
-    return experiment.experiment_id
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def _search_parent(client: Any, experiment_id: str, run_id: str, config_id: str) -> str | None:
@@ -355,32 +401,3 @@ def _search_parent(client: Any, experiment_id: str, run_id: str, config_id: str)
         max_results=1,
     )
     return runs[0].info.run_id if runs else None
-
-
-class _translated:
-    """Turn MLflow and connection failures into a TrackingError a user can act on."""
-
-    def __init__(self, tracking: Tracking, action: str) -> None:
-        self.tracking = tracking
-        self.action = action
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if exc is None or isinstance(exc, TrackingError):
-            return
-        if isinstance(exc, MlflowException | OSError):
-            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise TrackingError(
-                f"Could not {self.action} in MLflow at {shown_uri(self.tracking.uri)} "
-                f"(experiment {self.tracking.experiment!r}): {detail}. Check that "
-                "tracking.uri points at a reachable server or a writable sqlite file, "
-                "or run with tracking.enabled=false; the results folder is written "
-                "either way."
-            ) from exc

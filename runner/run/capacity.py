@@ -28,7 +28,7 @@ from runner.output.tracking import (
     Tracker,
 )
 from runner.run.context import RunContext, engine_api_key
-from runner.run.resume import prior_windows
+from runner.run.resume import prior_windows, read_manifest
 from runner.run.session import MAX_RELAUNCHES, EngineSession
 from runner.run.summary import RunSummary
 from runner.search.history import search_history
@@ -61,13 +61,11 @@ def build_workload(context: RunContext, host_model_dir: Path | None) -> tuple[li
 class CapacitySearch:
     """One search over a prepared run; :meth:`run` returns its summary."""
 
-    def __init__(
-        self, context: RunContext, plan: LaunchPlan, prompts: list[Prompt], console: Console
-    ) -> None:
+    def __init__(self, context: RunContext, plan: LaunchPlan, console: Console) -> None:
         config = context.config
         self.context = context
         self.plan = plan
-        self.prompts = prompts
+        self.prompts: list[Prompt] = []
         self.console = console
         self.params = SearchParams.from_config(config.search, config.slo)
         self.relaunch = config.backend.on_engine_fault == "relaunch"
@@ -76,63 +74,93 @@ class CapacitySearch:
         self.started = time.monotonic()
         self.engine_seconds = 0.0
 
-    def run(self) -> RunSummary:
-        config, context = self.context.config, self.context
-        writer = ResultsWriter(context.results_dir)
-        api_key = engine_api_key(config)
-        with EngineSession(context, self.plan, finish=self._finish) as session:
+    @property
+    def answered(self) -> bool:
+        """Whether the windows this run_id already measured give the search its answer."""
+        return bool(self.done) and next_step(self.history, self.params) is None
+
+    def run(self, prompts: list[Prompt] | None = None) -> RunSummary:
+        """Measure ``prompts`` (the frozen workload) until the search stops; a search that
+        has its answer measures nothing and only logs to MLflow what it lacks."""
+        context = self.context
+        self.prompts = prompts or []
+        if self.answered:
+            self.console.print(
+                f"run {context.run_id} already has its answer ({len(self.done)} windows in "
+                f"{context.results_dir}); nothing is measured again"
+            )
+            # The first run's facts (engine start-up, smoke checks, GPUs) stay in the record.
+            context.manifest = {**read_manifest(context.results_dir), **context.manifest}
+        with EngineSession(
+            context, self.plan, finish=self._finish, engine=not self.answered
+        ) as session:
             # A run killed between writing a row and logging it left MLflow one short;
             # windows MLflow already holds are skipped, so nothing is logged twice.
             for index, result in enumerate(self.done):
                 session.tracker.log_window(result, index=index)
-            windows_logged = len(self.done)
-            engine_started = time.monotonic()
-            smoke = run_smoke(session.engine, config, self.prompts, api_key, raise_on_failure=False)
-            context.manifest["smoke"] = smoke.as_dict()
-            context.write_manifest()
-            session.tracker.log_metrics(smoke.metrics())
-            smoke.raise_for_failure()  # one paragraph naming every failed check
-            telemetry = session.telemetry()
-            if self.done:
-                self.console.print(
-                    f"resuming run {context.run_id}: {len(self.done)} window(s) already measured"
-                )
-            while (step := next_step(self.history, self.params)) is not None:
-                result = run_window(
-                    session.engine,
-                    config,
-                    self.prompts,
-                    step.users,
-                    config_id=context.config_id,
-                    run_id=context.run_id,
-                    phase=step.phase,
-                    window_s=config.search.screening_window_s if step.screening else None,
-                    telemetry=telemetry,
-                    api_key=api_key,
-                )
-                writer.append(result)
-                print_window(self.console, result.row, result.detail, config.slo.min_user_tok_s)
-                session.tracker.log_window(result, index=windows_logged)
-                windows_logged += 1
-                self.history.extend(search_history([result], self.relaunch))
-                fault = session.engine.fault()
-                if fault is None:
-                    continue
-                if not self.relaunch or session.relaunches >= MAX_RELAUNCHES:
-                    raise EngineError(
-                        f"The engine stopped serving during the window at {step.users} users "
-                        f"({fault.reason}); that window is recorded as invalid. Last log lines:\n"
-                        f"{session.engine.log_tail()}"
-                    )
-                self.console.print(
-                    f"engine fault ({fault.reason}): relaunching "
-                    f"({session.relaunches + 1}/{MAX_RELAUNCHES})"
-                )
-                session.relaunch()
-            self.engine_seconds = time.monotonic() - engine_started
+            if not self.answered:
+                self._measure(session)
         summary = self.summary()
         print_summary(self.console, context, summary)
         return summary
+
+    def _measure(self, session: EngineSession) -> None:
+        config, context = self.context.config, self.context
+        writer = ResultsWriter(context.results_dir)
+        api_key = engine_api_key(config)
+        windows_logged = len(self.done)
+        engine_started = time.monotonic()
+        smoke = run_smoke(session.engine, config, self.prompts, api_key, raise_on_failure=False)
+        context.manifest["smoke"] = smoke.as_dict()
+        context.write_manifest()
+        session.tracker.log_metrics(smoke.metrics())
+        smoke.raise_for_failure()  # one paragraph naming every failed check
+        telemetry = session.telemetry()
+        if self.done:
+            self.console.print(
+                f"resuming run {context.run_id}: {len(self.done)} window(s) already measured"
+            )
+        while (step := next_step(self.history, self.params)) is not None:
+            # An engine that died while idle (between windows, during the smoke checks)
+            # is relaunched before the window, as one that dies in a window is after it.
+            self._after_fault(session, f"before the window at {step.users} users")
+            result = run_window(
+                session.engine,
+                config,
+                self.prompts,
+                step.users,
+                config_id=context.config_id,
+                run_id=context.run_id,
+                phase=step.phase,
+                window_s=config.search.screening_window_s if step.screening else None,
+                telemetry=telemetry,
+                api_key=api_key,
+            )
+            writer.append(result)
+            print_window(self.console, result.row, result.detail, config.slo.min_user_tok_s)
+            session.tracker.log_window(result, index=windows_logged)
+            windows_logged += 1
+            self.history.extend(search_history([result], self.relaunch))
+            self._after_fault(
+                session, f"during the window at {step.users} users; that window is recorded as invalid"
+            )
+        self.engine_seconds = time.monotonic() - engine_started
+
+    def _after_fault(self, session: EngineSession, when: str) -> None:
+        """Relaunch a stopped engine (``backend.on_engine_fault=relaunch``) or stop the run."""
+        fault = session.engine.fault()
+        if fault is None:
+            return
+        if not self.relaunch or session.relaunches >= MAX_RELAUNCHES:
+            raise EngineError(
+                f"The engine stopped serving {when} "
+                f"({fault.reason}). Last log lines:\n{session.engine.log_tail()}"
+            )
+        self.console.print(
+            f"engine fault ({fault.reason}): relaunching "
+            f"({session.relaunches + 1}/{MAX_RELAUNCHES})"
+        )
+        session.relaunch()
 
     def summary(self) -> RunSummary:
         decision = decide(self.history, self.params)

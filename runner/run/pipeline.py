@@ -51,13 +51,17 @@ def execute(config: RunConfig, console: Console | None = None) -> RunSummary:
         if config.workload.kind == "sharegpt":
             if (row := benchmark.measured_before(context)) is not None:
                 return benchmark.report_measured(context, row, console)
+        if config.workload.kind != "sharegpt":
+            search = CapacitySearch(context, plan, console)
+            if search.answered:
+                return search.run()
         before_launch(context, plan, host_model_dir)
         if config.workload.kind == "sharegpt":
             return benchmark.run_benchmark(context, plan, host_model_dir, console)
         prompts, workload_sha = build_workload(context, host_model_dir)
         context.manifest["workload"] = {"sha256": workload_sha, "seed": config.workload.seed}
         context.write_manifest()
-        return CapacitySearch(context, plan, prompts, console).run()
+        return search.run(prompts)
 
 
 def before_launch(context: RunContext, plan: LaunchPlan, host_model_dir: Path | None) -> None:

@@ -70,7 +70,7 @@ def check_resumable(
         )
     if not run_config_ids(results_dir, run_id):
         return
-    before = _manifest(results_dir).get("measurement")
+    before = read_manifest(results_dir).get("measurement")
     if before is None:
         return
     changed = [group for group in measurement if before.get(group) != measurement[group]]
@@ -83,7 +83,8 @@ def check_resumable(
         )
 
 
-def _manifest(folder: Path) -> dict[str, Any]:
+def read_manifest(folder: Path) -> dict[str, Any]:
+    """``folder``'s manifest.json; {} where there is none yet."""
     try:
         data = json.loads((folder / "manifest.json").read_text())
     except FileNotFoundError:

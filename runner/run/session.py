@@ -87,7 +87,8 @@ def startup_facts(engine: RunningEngine) -> dict[str, Any]:
 
 
 class EngineSession:
-    """See the module docstring. ``finish(tracker)`` runs after the engine stopped."""
+    """See the module docstring. ``finish(tracker)`` runs after the engine stopped;
+    ``engine=False`` opens only the MLflow run (a finished run that logs what it lacks)."""
 
     def __init__(
         self,
@@ -96,12 +97,14 @@ class EngineSession:
         *,
         finish: Callable[[Tracker], None] | None = None,
         tags: dict[str, str] | None = None,
+        engine: bool = True,
     ) -> None:
         self.context = context
         self.plan = plan
         self.relaunches = 0
         self._finish = finish
         self._tags = tags or {}
+        self._with_engine = engine
         self._engine_cm: AbstractContextManager[RunningEngine] | None = None
         self._engine: RunningEngine | None = None
         self._tracker: Tracker | None = None
@@ -126,12 +129,13 @@ class EngineSession:
             params=config_params(context.config),
         )
         try:
-            self._start_engine()
-            facts = startup_facts(self.engine)
-            facts["precision_notes"] = verify_precision(context.config, facts)
-            context.manifest["startup"] = facts
-            context.write_manifest()
-            self.tracker.log_startup_facts(facts)
+            if self._with_engine:
+                self._start_engine()
+                facts = startup_facts(self.engine)
+                facts["precision_notes"] = verify_precision(context.config, facts)
+                context.manifest["startup"] = facts
+                context.write_manifest()
+                self.tracker.log_startup_facts(facts)
         except BaseException as exc:
             self.__exit__(type(exc), exc, exc.__traceback__)
             raise

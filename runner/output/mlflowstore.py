@@ -1,0 +1,122 @@
+"""Talking to an MLflow store: connecting, the experiment, and failures a user can act on.
+
+Two kinds of failure are told apart. A store that is locked for a moment (another job
+of a parallel sweep writing to the same sqlite file) or a server that drops a
+connection is retried with a growing pause, so such a hiccup never ends a job. Any
+other failure becomes a :class:`~runner.errors.TrackingError`: one paragraph that
+says which store and what to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import requests
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
+
+from runner.config import Tracking
+from runner.errors import TrackingError
+
+log = logging.getLogger("runner")
+
+T = TypeVar("T")
+
+# Pauses before each retry of a transient failure: about 30 s in all, longer than a
+# sweep job holds the sqlite write lock while it logs a window.
+RETRY_PAUSES_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+_TRANSIENT_WORDS = ("database is locked", "database table is locked", "temporarily unavailable")
+
+
+def connect(tracking: Tracking) -> MlflowClient:
+    if tracking.uri.startswith(("http://", "https://")):
+        check_reachable(tracking.uri)
+    if tracking.uri.startswith("sqlite:///"):
+        # SQLAlchemy creates the database file but not the folder it lives in.
+        Path(tracking.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    return MlflowClient(tracking_uri=tracking.uri)
+
+
+def check_reachable(uri: str) -> None:
+    """Fail in seconds: MLflow's own client retries an unreachable server for minutes."""
+    try:
+        httpx.get(f"{uri.rstrip('/')}/health", timeout=10.0)
+    except httpx.TransportError as exc:
+        raise TrackingError(
+            f"The MLflow server at {shown_uri(uri)} does not answer ({exc}). "
+            "Start it (mlflow server), fix tracking.uri, or run with "
+            "tracking.enabled=false; the results folder is written either way."
+        ) from exc
+
+
+def shown_uri(uri: str) -> str:
+    """The URI without any user:password part, safe to print."""
+    parts = urlsplit(uri)
+    if parts.password is None and parts.username is None:
+        return uri
+    host = parts.hostname or ""
+    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure that passes by itself: a locked sqlite store, a dropped connection."""
+    if isinstance(exc, requests.ConnectionError | httpx.TransportError):
+        return True
+    text = str(exc).lower()
+    return any(word in text for word in _TRANSIENT_WORDS)
+
+
+def call(tracking: Tracking, action: str, operation: Callable[[], T]) -> T:
+    """``operation()``, retried while its failure is transient; any failure left over is
+    a TrackingError that says what could not be done, where."""
+    for pause in (*RETRY_PAUSES_S, None):
+        try:
+            return operation()
+        except (MlflowException, OSError, requests.RequestException, httpx.HTTPError) as exc:
+            if pause is None or not is_transient(exc):
+                raise _paragraph(tracking, action, exc) from exc
+            log.info("MLflow store busy while trying to %s (%s); retrying in %g s", action, exc, pause)
+            time.sleep(pause)
+    raise AssertionError("unreachable")
+
+
+def experiment_id(client: MlflowClient, tracking: Tracking) -> str:
+    """The experiment's id, created if missing. Parallel jobs on a fresh store may race
+    to create it: the loser finds the winner's."""
+    experiment = client.get_experiment_by_name(tracking.experiment)
+    if experiment is None:
+        location = None
+        if tracking.artifact_root:
+            # Resolved now, so artifacts land under the folder the user ran from.
+            location = Path(tracking.artifact_root).expanduser().resolve().as_uri()
+        try:
+            return client.create_experiment(tracking.experiment, artifact_location=location)
+        except MlflowException as exc:
+            experiment = client.get_experiment_by_name(tracking.experiment)
+            if experiment is None:
+                raise
+            log.debug("experiment %s was created by a parallel job (%s)", tracking.experiment, exc)
+    if experiment.lifecycle_stage == "deleted":
+        raise TrackingError(
+            f"The MLflow experiment {tracking.experiment!r} at {shown_uri(tracking.uri)} was "
+            "deleted. MLflow keeps the name reserved until it is purged; restore it "
+            "(mlflow experiments restore) or choose another with tracking.experiment=NAME."
+        )
+    return experiment.experiment_id
+
+
+def _paragraph(tracking: Tracking, action: str, exc: BaseException) -> TrackingError:
+    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return TrackingError(
+        f"Could not {action} in MLflow at {shown_uri(tracking.uri)} "
+        f"(experiment {tracking.experiment!r}): {detail}. Check that tracking.uri points "
+        "at a reachable server or a writable sqlite file, or run with "
+        "tracking.enabled=false; the results folder is written either way."
+    )
