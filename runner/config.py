@@ -275,6 +275,9 @@ class Tracking(Strict):
     uri: str = "sqlite:///mlruns/mlflow.db"
     experiment: str = "runner"
     artifact_root: str | None = "mlruns/artifacts"
+    # How long a busy store (a locked sqlite file, a dropped connection) is retried
+    # before what could not be logged waits for the end of the run.
+    retry_s: float = Field(default=30.0, ge=0)
 
 
 class Results(Strict):

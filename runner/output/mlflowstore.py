@@ -28,9 +28,11 @@ log = logging.getLogger("runner")
 
 T = TypeVar("T")
 
-# Pauses before each retry of a transient failure: about 30 s in all, longer than a
-# sweep job holds the sqlite write lock while it logs a window.
-RETRY_PAUSES_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
+# The first pause before a retry of a transient failure; each next one doubles, up to
+# MAX_PAUSE_S, until ``tracking.retry_s`` (30 s by default: longer than a sweep job
+# holds the sqlite write lock while it logs a window) is spent.
+FIRST_PAUSE_S = 0.25
+MAX_PAUSE_S = 8.0
 _TRANSIENT_WORDS = ("database is locked", "database table is locked", "temporarily unavailable")
 
 
@@ -76,15 +78,18 @@ def is_transient(exc: BaseException) -> bool:
 def call(tracking: Tracking, action: str, operation: Callable[[], T]) -> T:
     """``operation()``, retried while its failure is transient; any failure left over is
     a TrackingError that says what could not be done, where."""
-    for pause in (*RETRY_PAUSES_S, None):
+    deadline = time.monotonic() + tracking.retry_s
+    pause = FIRST_PAUSE_S
+    while True:
         try:
             return operation()
         except (MlflowException, OSError, requests.RequestException, httpx.HTTPError) as exc:
-            if pause is None or not is_transient(exc):
+            left = deadline - time.monotonic()
+            if left <= 0 or not is_transient(exc):
                 raise _paragraph(tracking, action, exc) from exc
-            log.info("MLflow store busy while trying to %s (%s); retrying in %g s", action, exc, pause)
-            time.sleep(pause)
-    raise AssertionError("unreachable")
+            log.info("MLflow store busy while trying to %s (%s); retrying", action, exc)
+            time.sleep(min(pause, left))
+            pause = min(2 * pause, MAX_PAUSE_S)
 
 
 def experiment_id(client: MlflowClient, tracking: Tracking) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from runner.engines.base import LaunchPlan
-from runner.errors import ConfigError, EngineError
+from runner.errors import ConfigError, EngineError, MeasurementError
 from runner.measure.protocol import run_window
 from runner.output.console import print_window
 from runner.output.report import plot_report, render_report
@@ -124,18 +124,26 @@ class CapacitySearch:
             # An engine that died while idle (between windows, during the smoke checks)
             # is relaunched before the window, as one that dies in a window is after it.
             self._after_fault(session, f"before the window at {step.users} users")
-            result = run_window(
-                session.engine,
-                config,
-                self.prompts,
-                step.users,
-                config_id=context.config_id,
-                run_id=context.run_id,
-                phase=step.phase,
-                window_s=config.search.screening_window_s if step.screening else None,
-                telemetry=telemetry,
-                api_key=api_key,
-            )
+            try:
+                result = run_window(
+                    session.engine,
+                    config,
+                    self.prompts,
+                    step.users,
+                    config_id=context.config_id,
+                    run_id=context.run_id,
+                    phase=step.phase,
+                    window_s=config.search.screening_window_s if step.screening else None,
+                    telemetry=telemetry,
+                    api_key=api_key,
+                )
+            except (EngineError, MeasurementError):
+                # The engine died after the check above, before the window had a result:
+                # nothing was measured, so the same step runs again on a fresh engine.
+                if session.engine.fault() is None:
+                    raise
+                self._after_fault(session, f"before the window at {step.users} users")
+                continue
             writer.append(result)
             print_window(self.console, result.row, result.detail, config.slo.min_user_tok_s)
             session.tracker.log_window(result, index=windows_logged)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from runner.measure.result import WindowRow
+from tests.integration.runs import interrupt, start, wait_for_rows
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
@@ -76,29 +77,61 @@ def test_a_short_search_runs_in_a_container_and_leaves_nothing(tmp_path: Path, c
     assert labelled(client, run_id) == []
 
 
-def test_sigint_mid_window_removes_the_container_and_keeps_the_rows(tmp_path: Path, cache_dir: Path) -> None:
-    """Ctrl-C during a window: no container with the run's label remains, rows stay intact."""
+@pytest.mark.parametrize("how", ["double SIGINT", "SIGHUP"])
+def test_a_signal_mid_window_removes_the_container_and_keeps_the_rows(
+    how: str, tmp_path: Path, cache_dir: Path
+) -> None:
+    """Ctrl-C twice (the second lands in the teardown) or a closed terminal during a
+    window: no container with the run's label remains, rows stay intact."""
     client = docker_client()
-    run_id = f"docker-sigint-{os.getpid()}"
+    run_id = f"docker-{how.replace(' ', '-').lower()}-{os.getpid()}"
     results = tmp_path / "results" / "results.jsonl"
-    child = subprocess.Popen(
-        runner_command(tmp_path, cache_dir, run_id, "[4,6,8]"),
-        cwd=REPO, env=dict(os.environ, COLUMNS="200"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
+    log = tmp_path / "runner.log"
+    child = start(runner_command(tmp_path, cache_dir, run_id, "[4,6,8]"), log)
     try:
-        deadline = time.monotonic() + 600
-        while len(rows(results)) < 1 and time.monotonic() < deadline and child.poll() is None:
-            time.sleep(0.5)
-        assert len(rows(results)) == 1, "the first window never finished"
+        wait_for_rows(tmp_path / "results", 1, child, log)
         assert labelled(client, run_id), "the engine container should be running"
         time.sleep(5)  # inside the second window (2 s warm-up + 8 s window)
-        child.send_signal(signal.SIGINT)
-        _, stderr = child.communicate(timeout=120)
+        interrupt(child, how)
     finally:
         if child.poll() is None:
             child.kill()
-    assert child.returncode == 130, stderr[-2000:]
-    assert "interrupted" in stderr
+    output = log.read_text()
+    assert child.returncode == 130, output[-2000:]
+    assert "interrupted" in output and "Traceback" not in output
     assert labelled(client, run_id) == []
     kept = rows(results)
     assert len(kept) == 1 and kept[0]["users"] == 4 and list(kept[0]) == WindowRow.field_names()
+
+
+def test_a_container_left_by_a_killed_runner_is_removed_by_the_next_run(
+    tmp_path: Path, cache_dir: Path
+) -> None:
+    """SIGKILL gives runner no chance to remove its container; the same command again
+    (same run_id) removes it before it starts its own, and completes the run."""
+    client = docker_client()
+    run_id = f"docker-sigkill-{os.getpid()}"
+    command = runner_command(tmp_path, cache_dir, run_id, "[4,6]")
+    log = tmp_path / "first.log"
+    child = start(command, log)
+    try:
+        wait_for_rows(tmp_path / "results", 1, child, log)
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    (orphan,) = labelled(client, run_id)
+    done = subprocess.run(
+        command, cwd=REPO, env=dict(os.environ, COLUMNS="200"), capture_output=True, text=True,
+        timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "left behind" in done.stdout + done.stderr
+    assert orphan.id not in [container.id for container in labelled(client, run_id)]
+    assert labelled(client, run_id) == []
+    assert [row["users"] for row in rows(results_file(tmp_path))] == [4, 6]
+
+
+def results_file(work: Path) -> Path:
+    return work / "results" / "results.jsonl"
