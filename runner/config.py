@@ -241,6 +241,9 @@ class SLO(Strict):
     # Above this event-loop lag p99 the client stamped and dispatched late: invalid.
     # None: one token gap at the floor (1000 / min_user_tok_s, 67 ms at 15 tok/s).
     client_max_loop_lag_ms: float | None = Field(default=None, gt=0)
+    # A window whose users had a request in flight less than this share of it (each
+    # user, dispatch to last byte) measured less load than its N: invalid.
+    min_in_flight_pct: float = Field(default=97.0, gt=0, le=100)
 
     @property
     def max_loop_lag_ms(self) -> float:

@@ -1,31 +1,115 @@
 """The rules that decide whether a window measured what its row claims (pure).
 
-A window whose client fell behind measured the client, not the engine; its row is
-kept with ``valid=false`` and the reasons.
+A row that says N users must be a measurement of N users each keeping a request in
+flight, stamped by a client that read every event when it arrived. Two ways it can
+fail to be, whatever their cause (a busy client, an engine in another scheduling
+session holding the client off the CPU, a slow network):
+
+* offered load: a user that spent part of the window between requests (a completion
+  read late, the next request dispatched late) sent the engine less than the row
+  claims, and its rate is lower for a reason that is not the engine's;
+* loop lag: a client event loop that woke up later than one token gap at the floor
+  stamped chunks late and merged a floor-rate user's tokens into one read.
+
+Such a window keeps its row, with ``valid=false`` and the reason.
 """
 
 from __future__ import annotations
 
-from runner.measure.records import ClientHealth
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-# A single-threaded asyncio client saturates at one core (100%); above this share it
-# is the bottleneck rather than a victim of other processes.
-CLIENT_BUSY_CPU_PCT = 80.0
+import numpy as np
+
+from runner.measure.records import ClientHealth, MetricsSample, RequestRecord
+
+
+@dataclass(frozen=True)
+class OfferedLoad:
+    """How much of the window each user had a request in flight (dispatch to last byte),
+    and what the server saw. ``None`` figures are unavailable, never zero."""
+
+    user_in_flight_pct: list[float]
+    min_in_flight_pct: float
+    mean_in_flight_pct: float
+    # Between a completion and the same user's next dispatch, inside the window.
+    dispatch_gap_p99_ms: float | None
+    dispatch_gap_max_ms: float | None
+    # The server's running + waiting requests, averaged over the 1 Hz samples.
+    server_in_flight_mean: float | None
+
+
+def offered_load(
+    records: Sequence[RequestRecord],
+    users: int,
+    t0: float,
+    t1: float,
+    samples: Sequence[MetricsSample] = (),
+) -> OfferedLoad:
+    """The :class:`OfferedLoad` of the window ``[t0, t1]``; a request still streaming at
+    ``t1`` (``finished_at`` None or later) is in flight to the end."""
+    span = t1 - t0
+    busy = [0.0] * users
+    by_user: list[list[RequestRecord]] = [[] for _ in range(users)]
+    for record in records:
+        by_user[record.user].append(record)
+        end = record.finished_at if record.finished_at is not None else t1
+        busy[record.user] += max(0.0, min(end, t1) - max(record.dispatched_at, t0))
+    gaps = [
+        later.dispatched_at - earlier.finished_at
+        for own in by_user
+        for earlier, later in zip(own, own[1:])
+        if earlier.finished_at is not None
+        and earlier.error is None  # after an error a user backs off on purpose
+        and t0 <= later.dispatched_at <= t1
+    ]
+    shares = [min(100.0, 100.0 * seconds / span) for seconds in busy]
+    queued = [
+        s.metrics.requests_running + s.metrics.requests_waiting
+        for s in samples
+        if s.metrics.requests_running is not None and s.metrics.requests_waiting is not None
+    ]
+    gap_ms = np.asarray(gaps, dtype=float) * 1000.0
+    return OfferedLoad(
+        user_in_flight_pct=shares,
+        min_in_flight_pct=min(shares),
+        mean_in_flight_pct=float(np.mean(shares)),
+        dispatch_gap_p99_ms=float(np.percentile(gap_ms, 99)) if gaps else None,
+        dispatch_gap_max_ms=float(gap_ms.max()) if gaps else None,
+        server_in_flight_mean=float(np.mean(queued)) if queued else None,
+    )
+
+
+def offered_load_reasons(load: OfferedLoad, users: int, min_in_flight_pct: float) -> list[str]:
+    """Why the users did not keep the load the row claims; empty when they did."""
+    if load.min_in_flight_pct >= min_in_flight_pct:
+        return []
+    idle = sum(1 for share in load.user_in_flight_pct if share < min_in_flight_pct)
+    server = (
+        f"; the server saw {load.server_in_flight_mean:.1f} running+waiting on average"
+        if load.server_in_flight_mean is not None
+        else ""
+    )
+    return [
+        f"offered load below N={users}: {idle} user(s) had a request in flight less than "
+        f"{min_in_flight_pct:g}% of the window (lowest {load.min_in_flight_pct:.1f}%, next "
+        f"dispatch up to {load.dispatch_gap_max_ms or 0:.0f} ms after a completion){server}"
+    ]
 
 
 def judge(health: ClientHealth, max_loop_lag_ms: float) -> ClientHealth:
-    """``health`` with ``kept_up`` and the reasons it did not, if any."""
+    """``health`` with ``kept_up`` and the reasons it did not, if any.
+
+    A lagging loop invalidates the window whatever the client's own CPU: an idle
+    client held off the CPU by the engine stamps as late as a busy one.
+    """
     reasons = []
-    lagging = health.loop_lag_p99_ms is not None and health.loop_lag_p99_ms > max_loop_lag_ms
-    # Loop lag alone does not say the client is the bottleneck: beside a CPU engine on
-    # the same cores, the engine's own load wakes an idle client late. The client
-    # could not keep up when it lags *and* is itself busy (near a full core).
-    busy = health.cpu_pct is None or health.cpu_pct >= CLIENT_BUSY_CPU_PCT
-    if lagging and busy:
+    if health.loop_lag_p99_ms is not None and health.loop_lag_p99_ms > max_loop_lag_ms:
+        cpu = f" (client at {health.cpu_pct:.0f}% CPU)" if health.cpu_pct is not None else ""
         reasons.append(
             f"the client could not keep up: event-loop lag p99 {health.loop_lag_p99_ms:.1f} ms "
-            f"> {max_loop_lag_ms:g} ms with the client at {health.cpu_pct or 0:.0f}% CPU, so "
-            "chunk timestamps and dispatches ran late"
+            f"> {max_loop_lag_ms:g} ms{cpu}, so chunk timestamps "
+            "and dispatches ran late"
         )
     if health.open_connections is not None and health.open_connections < health.users:
         reasons.append(

@@ -67,6 +67,7 @@ def run_window(
         phase=phase,
         audit_tolerance_pct=config.slo.audit_tolerance_pct,
         max_loop_lag_ms=config.slo.max_loop_lag_ms,
+        min_in_flight_pct=config.slo.min_in_flight_pct,
     )
     log.debug(
         "window users=%d aggregate=%.1f tok/s server=%s audit=%s valid=%s",

@@ -1,8 +1,9 @@
 """Values that cross stage boundaries: the window row and its detail.
 
-``WindowRow`` holds exactly the seed 004 section 8 fields (plus ``config_id`` and
-``run_id``, which the seed also puts in every row) in the seed's order, and is what
-goes to JSONL, CSV, the console and MLflow. ``WindowDetail`` carries what the seed
+``WindowRow`` holds the seed 004 section 8 fields in the seed's order (``config_id``
+and ``run_id`` included, which the seed also puts in every row), with two of runner's
+own beside ``users``: ``in_flight_pct`` and ``server_in_flight_mean`` say how much of
+N the engine really got. It is what goes to JSONL, CSV, the console and MLflow. ``WindowDetail`` carries what the seed
 asks to keep beside it (per-user and per-bucket figures, audit, invalid reasons).
 Figures that could not be measured are ``None`` ("unavailable"), never zero.
 """
@@ -15,6 +16,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from runner.engines.base import EngineFault
+from runner.measure.gates import OfferedLoad
 from runner.measure.records import ClientHealth
 from runner.measure.streams import StreamSummary
 
@@ -26,6 +28,10 @@ class WindowRow:
     config_id: str
     window_s: float
     users: int
+    # Beside N, what N really was: the least share of the window any user had a
+    # request in flight, and the server's mean running + waiting requests.
+    in_flight_pct: float | None
+    server_in_flight_mean: float | None
     aggregate_output_tok_s: float
     server_output_tok_s: float | None
     mean_user_tok_s: float
@@ -95,6 +101,7 @@ class WindowDetail:
     measured_window_s: float | None = None
     warmup_s: float | None = None
     queue: QueueSummary | None = None
+    offered_load: OfferedLoad | None = None
     streams: StreamSummary | None = None
     client: ClientHealth | None = None
     engine_fault: EngineFault | None = None

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runner.measure.gates import judge
+from runner.measure.gates import judge, offered_load, offered_load_reasons
 from runner.measure.records import MetricsSample, RequestRecord, WindowMeasurement
 from runner.measure.result import BucketStats, QueueSummary, WindowDetail, WindowResult, WindowRow
 from runner.measure.streams import summarize_streams
@@ -107,11 +107,13 @@ def summarize_window(
     phase: str,
     audit_tolerance_pct: float,
     max_loop_lag_ms: float | None = None,
+    min_in_flight_pct: float | None = None,
 ) -> WindowResult:
     """The seed 004 section 8 row and its detail for one measured window.
 
-    ``max_loop_lag_ms`` is the client's loop-lag limit (:func:`runner.measure.gates.judge`);
-    None leaves the client's own health unjudged.
+    ``max_loop_lag_ms`` is the client's loop-lag limit (:func:`runner.measure.gates.judge`)
+    and ``min_in_flight_pct`` the offered-load floor
+    (:func:`runner.measure.gates.offered_load_reasons`); None leaves that rule unapplied.
     """
     m = measurement
     span_s = m.t1 - m.t0
@@ -165,6 +167,9 @@ def summarize_window(
     if client is not None and max_loop_lag_ms is not None:
         client = judge(client, max_loop_lag_ms)
         invalid.extend(client.reasons)
+    load = offered_load(m.records, m.users, m.t0, m.t1, m.samples)
+    if min_in_flight_pct is not None:
+        invalid.extend(offered_load_reasons(load, m.users, min_in_flight_pct))
 
     telemetry = m.telemetry
     row = WindowRow(
@@ -173,6 +178,8 @@ def summarize_window(
         config_id=config_id,
         window_s=m.window_s,
         users=m.users,
+        in_flight_pct=load.min_in_flight_pct,
+        server_in_flight_mean=load.server_in_flight_mean,
         aggregate_output_tok_s=aggregate,
         server_output_tok_s=server_tokens / span_s if server_tokens is not None else None,
         mean_user_tok_s=aggregate / m.users,
@@ -211,6 +218,7 @@ def summarize_window(
         measured_window_s=span_s,
         warmup_s=m.warmup_s,
         queue=_queue_summary(m.samples),
+        offered_load=load,
         # TPOT/ITL never without the burst flag, and the aggregate beside them (seed 000).
         streams=summarize_streams(
             [r for r in dispatched if r.error is None and r.finished_at is not None],

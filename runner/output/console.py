@@ -34,6 +34,10 @@ def console_line(
     if passes(row, floor):
         return " ".join([*parts, "PASS"])
     if not row.valid:
+        # What N really was, beside the reasons: the users' least in-flight share and
+        # what the server held running or waiting.
+        parts.append(f"in_flight={_figure(row.in_flight_pct, 1)}%")
+        parts.append(f"server_running+waiting={_figure(row.server_in_flight_mean, 1)}/{row.users}")
         reasons = "; ".join(detail.invalid_reasons) if detail and detail.invalid_reasons else ""
         verdict = f"FAIL (invalid: {reasons})" if reasons else "FAIL (invalid)"
     else:

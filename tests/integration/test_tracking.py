@@ -10,29 +10,21 @@ from mlflow.tracking import MlflowClient
 from runner.cli import main
 from runner.config import Tracking
 from runner.errors import TrackingError
-from runner.measure.result import WindowDetail, WindowResult, WindowRow
+from runner.measure.result import WindowResult
 from runner.output.compare import compare, render_compare
 from runner.output.tracking import BEST_AGGREGATE_TOK_S, BEST_MIN_USER_TOK_S, BEST_USERS, Tracker
+from tests import builders
 
 pytestmark = pytest.mark.integration
 
 
 def make_result(users: int, aggregate: float, valid: bool = True) -> WindowResult:
-    row = WindowRow(
-        timestamp_utc="2026-07-10T12:00:00Z", run_id="run-a", config_id="cfg-a", window_s=30.0,
-        users=users, aggregate_output_tok_s=aggregate, server_output_tok_s=None,
+    return builders.make_result(
+        users, window_s=30.0, aggregate_output_tok_s=aggregate, server_output_tok_s=None,
         mean_user_tok_s=aggregate / users, min_user_tok_s=aggregate / users - 1.0,
-        p05_user_tok_s=aggregate / users - 0.5, ttft_p50_ms=10.0, ttft_p95_ms=20.0,
-        ttft_p99_ms=30.0, request_latency_p50_ms=100.0, request_latency_p95_ms=200.0,
-        request_latency_p99_ms=300.0, request_errors=0, preemptions=None,
-        peak_kv_cache_pct=40.0, gpu_util_avg_pct=None, power_avg_w=None, valid=valid,
+        p05_user_tok_s=aggregate / users - 0.5, valid=valid,
+        detail={"phase": "bracket", "invalid_reasons": [] if valid else ["audit 2.3% > 1%"]},
     )  # fmt: skip
-    detail = WindowDetail(
-        phase="bracket", user_tok_s=[], user_bucket=[], buckets=[], client_tokens=0,
-        server_tokens=None, audit_delta_pct=None, requests_dispatched=0, requests_completed=0,
-        invalid_reasons=[] if valid else ["audit 2.3% > 1%"],
-    )  # fmt: skip
-    return WindowResult(row, detail)
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,12 @@ def test_loop_lag_above_the_limit_means_the_client_fell_behind() -> None:
     assert judge(health(lag_ms=50.0), max_loop_lag_ms=50.0).kept_up
 
 
-def test_lag_with_an_idle_client_is_the_host_not_the_client() -> None:
-    """Beside a CPU engine on the same cores, an idle client wakes late; it kept up."""
-    assert judge(health(lag_ms=120.0, cpu_pct=12.0), max_loop_lag_ms=50.0).kept_up
+def test_lag_invalidates_whatever_the_clients_own_cpu() -> None:
+    """An idle client held off the CPU by an engine in another session stamps as late as
+    a busy one: the window measured the scheduler, not the engine (seen: p99 703 ms at 5%
+    client CPU, and the server running 3.7 requests for 8 users)."""
+    idle = judge(health(lag_ms=120.0, cpu_pct=5.0), max_loop_lag_ms=50.0)
+    assert not idle.kept_up and "5% CPU" in idle.reasons[0]
     assert not judge(health(lag_ms=120.0, cpu_pct=85.0), max_loop_lag_ms=50.0).kept_up
 
 

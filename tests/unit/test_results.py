@@ -28,16 +28,24 @@ SEED_FIELDS = [
 ]  # fmt: skip
 
 
-def test_row_fields_are_exactly_the_seed_fields_in_order(tmp_path: Path) -> None:
-    """seed 004 §8: the JSONL row holds the listed fields, in that order, nothing else."""
+# Beside N, runner's own: how much of N the engine really got.
+ROW_FIELDS = [*SEED_FIELDS[:5], "in_flight_pct", "server_in_flight_mean", *SEED_FIELDS[5:]]
+
+
+def test_row_fields_are_the_seed_fields_in_order_with_the_offered_load_beside_n(
+    tmp_path: Path,
+) -> None:
+    """seed 004 §8: the JSONL row holds the listed fields in that order; the two fields
+    added beside ``users`` say whether N users really kept a request in flight."""
     ResultsWriter(tmp_path).append(WindowResult(make_row(), make_detail()))
     line = (tmp_path / "results.jsonl").read_text().splitlines()[0]
-    assert list(json.loads(line)) == SEED_FIELDS
+    assert list(json.loads(line)) == ROW_FIELDS
+    assert [name for name in json.loads(line) if name in SEED_FIELDS] == SEED_FIELDS
     with (tmp_path / "results.csv").open(newline="") as handle:
         header, values = list(csv.reader(handle))
-    assert header == SEED_FIELDS
-    assert values[SEED_FIELDS.index("preemptions")] == ""
-    assert values[SEED_FIELDS.index("valid")] == "true"
+    assert header == ROW_FIELDS
+    assert values[ROW_FIELDS.index("preemptions")] == ""
+    assert values[ROW_FIELDS.index("valid")] == "true"
 
 
 def read_rows(folder: Path) -> list[WindowRow]:
@@ -158,6 +166,13 @@ def test_console_line_fail_from_invalidity_gives_the_reasons() -> None:
     line = console_line(row, make_detail(invalid_reasons=["audit 2.3% > 1%"]), floor=15.0)
     assert line.endswith("FAIL (invalid: audit 2.3% > 1%)")
     assert console_line(row).endswith("FAIL (invalid)")
+
+
+def test_an_invalid_window_shows_what_n_really_was() -> None:
+    """The users' least in-flight share and the server's running+waiting mean beside N."""
+    row = make_row(8, valid=False, in_flight_pct=61.25, server_in_flight_mean=3.7)
+    assert "in_flight=61.2% server_running+waiting=3.7/8 FAIL (invalid" in console_line(row)
+    assert "in_flight" not in console_line(make_row(8), make_detail(), floor=15.0)
 
 
 def test_console_line_prints_unavailable_figures_as_na() -> None:

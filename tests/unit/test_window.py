@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from array import array
 
 import numpy as np
@@ -60,6 +61,7 @@ def measure(
     telemetry: TelemetrySummary | None = None,
     fault: EngineFault | None = None,
     preemptions: tuple[float | None, float | None] = (2.0, 5.0),
+    min_in_flight_pct: float | None = None,
 ):
     start = metrics(1000.0, preemptions[0])
     end = metrics(1000.0 + server_tokens, preemptions[1]) if server_tokens is not None else None
@@ -78,7 +80,8 @@ def measure(
         engine_fault=fault,
     )
     return summarize_window(
-        measurement, run_id="r", config_id="c", phase="coarse", audit_tolerance_pct=1.0
+        measurement, run_id="r", config_id="c", phase="coarse", audit_tolerance_pct=1.0,
+        min_in_flight_pct=min_in_flight_pct,
     )
 
 
@@ -260,3 +263,36 @@ def exact_measurement(records: list[RequestRecord], server_tokens: float) -> Win
         start=metrics(1000.0),
         end=metrics(1000.0 + server_tokens),
     )
+
+
+def test_users_idle_between_requests_invalidate_the_window_with_the_reason() -> None:
+    """A row that says N=2 must be 2 users keeping a request in flight. User 1 waited
+    1.5 s between a completion and its next dispatch (a client held off the CPU): it was
+    in flight 85% of the 10 s window, under slo.min_in_flight_pct=97."""
+    records = [
+        record(0, 99.0, [(101.0, 10), (109.0, 10)], finished=111.0),
+        record(1, 99.0, [(101.0, 10)], finished=103.0),
+        record(1, 104.5, [(106.0, 10)], finished=112.0),
+    ]
+    samples = [MetricsSample(at, running_waiting(1, 0)) for at in (101.0, 104.0, 107.0)]
+    strict = measure(records, 2, server_tokens=40, samples=samples, min_in_flight_pct=97.0)
+    assert strict.row.in_flight_pct == pytest.approx(85.0)
+    assert strict.row.server_in_flight_mean == pytest.approx(1.0)
+    assert strict.detail.offered_load.user_in_flight_pct == pytest.approx([100.0, 85.0])
+    assert strict.detail.offered_load.dispatch_gap_max_ms == pytest.approx(1500.0)
+    assert not strict.row.valid
+    (reason,) = strict.detail.invalid_reasons
+    assert "offered load below N=2" in reason and "lowest 85.0%" in reason
+    assert "1.0 running+waiting" in reason
+    lenient = measure(records, 2, server_tokens=40, samples=samples, min_in_flight_pct=80.0)
+    assert lenient.row.valid and lenient.row.in_flight_pct == pytest.approx(85.0)
+
+
+def test_a_request_still_streaming_at_the_boundary_is_in_flight_to_the_end() -> None:
+    records = [record(0, 95.0, [(101.0, 5), (112.0, 5)], finished=113.0)]
+    result = measure(records, 1, server_tokens=5, min_in_flight_pct=97.0)
+    assert result.row.in_flight_pct == pytest.approx(100.0) and result.row.valid
+
+
+def running_waiting(running: float, waiting: float) -> EngineMetrics:
+    return dataclasses.replace(metrics(1000.0), requests_running=running, requests_waiting=waiting)
