@@ -161,6 +161,10 @@ class WorkloadBase(Strict):
     seed: int = 0
     temperature: float = Field(default=0.0, ge=0)
     request_timeout_s: float = Field(default=600.0, gt=0)
+    # With engine.enable_prefix_caching: "cold" salts each window's requests
+    # (vLLM's cache_salt), so no window reuses what an earlier one cached; "warm" lets
+    # it. The window records the cache hit rate either way.
+    prefix_cache: Literal["cold", "warm"] = "cold"
 
 
 class ContextMixWorkload(WorkloadBase):

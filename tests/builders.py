@@ -33,6 +33,7 @@ def make_row(users: int = 28, **changes: Any) -> WindowRow:
         request_errors=0,
         preemptions=None,
         peak_kv_cache_pct=71.5,
+        prefix_cache_hit_pct=None,
         gpu_util_avg_pct=None,
         power_avg_w=None,
         valid=True,

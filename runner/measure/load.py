@@ -65,6 +65,7 @@ class LoadGenerator:
         headers: dict[str, str] | None = None,
         max_requests: int | None = None,
         transport: str = "lean",
+        cache_salt: str | None = None,
     ) -> None:
         if not prompts:
             raise ValueError("the workload has no prompts")
@@ -77,6 +78,8 @@ class LoadGenerator:
         self._ignore_eos = ignore_eos
         self._temperature = temperature
         self._request_timeout_s = request_timeout_s
+        # Keeps this load's prompts apart in the engine's prefix cache (vLLM cache_salt).
+        self._cache_salt = cache_salt
         # A fixed-size benchmark (seed 000's --num-prompts) ends once the users
         # together have sent this many requests; None keeps them going until stopped.
         self._max_requests = max_requests
@@ -177,6 +180,8 @@ class LoadGenerator:
             if self._ignore_eos:
                 # Forced length; natural-EOS workloads let the model stop on its own.
                 request["min_tokens"] = prompt.max_tokens
+            if self._cache_salt is not None:
+                request["cache_salt"] = self._cache_salt
             body = json.dumps(request, separators=(",", ":")).encode()
             if self._endpoint is not None:
                 body = self._endpoint.request(body)

@@ -26,8 +26,14 @@ REQUESTS_WAITING = "vllm:num_requests_waiting"
 KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 PREEMPTIONS = "vllm:num_preemptions_total"
 CACHE_CONFIG = "vllm:cache_config_info"
+# Prompt tokens looked up in the prefix cache, and those found there.
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
 
-_SUMMED = (GENERATION_TOKENS, PROMPT_TOKENS, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS)
+_SUMMED = (
+    GENERATION_TOKENS, PROMPT_TOKENS, REQUESTS_RUNNING, REQUESTS_WAITING, PREEMPTIONS,
+    PREFIX_QUERIES, PREFIX_HITS,
+)  # fmt: skip
 _WANTED = frozenset((*_SUMMED, KV_CACHE_USAGE, CACHE_CONFIG))
 # The families as the TYPE/HELP lines name them: counters drop their "_total".
 _FAMILIES = frozenset(name.removesuffix("_total") for name in _WANTED) | _WANTED
@@ -44,6 +50,8 @@ class EngineMetrics:
     kv_cache_usage: float | None  # 0..1, as vLLM reports it
     preemptions_total: float | None
     cache_config: dict[str, str] = field(default_factory=dict)
+    prefix_cache_queries_total: float | None = None
+    prefix_cache_hits_total: float | None = None
 
     @property
     def idle(self) -> bool:
@@ -111,4 +119,6 @@ def parse_metrics(text: str) -> EngineMetrics:
         kv_cache_usage=kv_usage,
         preemptions_total=sums.get(PREEMPTIONS),
         cache_config=cache_config,
+        prefix_cache_queries_total=sums.get(PREFIX_QUERIES),
+        prefix_cache_hits_total=sums.get(PREFIX_HITS),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
@@ -68,6 +69,7 @@ def run_window(
         audit_tolerance_pct=config.slo.audit_tolerance_pct,
         max_loop_lag_ms=config.slo.max_loop_lag_ms,
         min_in_flight_pct=config.slo.min_in_flight_pct,
+        prefix_cache=prefix_cache_state(config),
     )
     log.debug(
         "window users=%d aggregate=%.1f tok/s server=%s audit=%s valid=%s",
@@ -106,6 +108,17 @@ def collect_window(
     )
 
 
+def prefix_cache_state(config: RunConfig) -> str:
+    """``off``, or how a window meets the engine's prefix cache: ``cold`` or ``warm``."""
+    return config.workload.prefix_cache if config.engine.enable_prefix_caching else "off"
+
+
+def window_salt(config: RunConfig) -> str | None:
+    """A cache salt of this window's own when the cache must start cold (vLLM keys its
+    prefix cache by the salt too, so nothing an earlier window cached is reused)."""
+    return uuid.uuid4().hex if prefix_cache_state(config) == "cold" else None
+
+
 def _raise_if_fault(engine: RunningEngine, when: str) -> None:
     fault = engine.fault()
     if fault is not None:
@@ -138,6 +151,7 @@ async def _collect(
         temperature=workload.temperature,
         request_timeout_s=workload.request_timeout_s,
         headers=headers,
+        cache_salt=window_salt(config),
     )
     async with metrics_client(engine.base_url, headers) as metrics, load:
         await wait_idle_async(metrics, search.drain_timeout_s)

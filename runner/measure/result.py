@@ -46,6 +46,8 @@ class WindowRow:
     request_errors: int
     preemptions: int | None
     peak_kv_cache_pct: float | None
+    # Prompt tokens found in the prefix cache over the window; None with caching off.
+    prefix_cache_hit_pct: float | None
     gpu_util_avg_pct: float | None
     power_avg_w: float | None
     valid: bool
@@ -102,6 +104,8 @@ class WindowDetail:
     warmup_s: float | None = None
     queue: QueueSummary | None = None
     offered_load: OfferedLoad | None = None
+    # "off", or how the window met the prefix cache: "cold" (salted) or "warm".
+    prefix_cache: str = "off"
     streams: StreamSummary | None = None
     client: ClientHealth | None = None
     engine_fault: EngineFault | None = None

@@ -108,6 +108,7 @@ def summarize_window(
     audit_tolerance_pct: float,
     max_loop_lag_ms: float | None = None,
     min_in_flight_pct: float | None = None,
+    prefix_cache: str = "off",
 ) -> WindowResult:
     """The seed 004 section 8 row and its detail for one measured window.
 
@@ -149,6 +150,13 @@ def summarize_window(
         m.start.preemptions_total, m.end.preemptions_total if m.end else None
     )
     audit_pct = _audit(_client_token_bounds(m), server_tokens)
+    queried = _counter_delta(
+        m.start.prefix_cache_queries_total, m.end.prefix_cache_queries_total if m.end else None
+    )
+    hits = _counter_delta(
+        m.start.prefix_cache_hits_total, m.end.prefix_cache_hits_total if m.end else None
+    )
+    hit_pct = 100.0 * hits / queried if prefix_cache != "off" and queried and hits is not None else None
     kv_reads = [s.metrics.kv_cache_usage for s in m.samples if s.metrics.kv_cache_usage is not None]
 
     invalid: list[str] = []
@@ -194,6 +202,7 @@ def summarize_window(
         request_errors=len(failed),
         preemptions=round(preemption_delta) if preemption_delta is not None else None,
         peak_kv_cache_pct=max(kv_reads) * 100.0 if kv_reads else None,
+        prefix_cache_hit_pct=hit_pct,
         gpu_util_avg_pct=telemetry.gpu_util_avg_pct if telemetry else None,
         power_avg_w=telemetry.power_avg_w if telemetry else None,
         valid=not invalid,
@@ -219,6 +228,7 @@ def summarize_window(
         warmup_s=m.warmup_s,
         queue=_queue_summary(m.samples),
         offered_load=load,
+        prefix_cache=prefix_cache,
         # TPOT/ITL never without the burst flag, and the aggregate beside them (seed 000).
         streams=summarize_streams(
             [r for r in dispatched if r.error is None and r.finished_at is not None],

@@ -25,6 +25,9 @@ def console_line(
         f"ttft_p99_ms={_figure(row.ttft_p99_ms, 1)}",
         f"request_latency_p99_ms={_figure(row.request_latency_p99_ms, 1)}",
     ]
+    if detail is not None and detail.prefix_cache != "off":
+        # Never silent: a warm cache makes prefill cheaper than the workload claims.
+        parts.append(f"prefix_cache={detail.prefix_cache}:{_figure(row.prefix_cache_hit_pct, 0)}%")
     if detail is not None and detail.streams is not None and detail.streams.bursty:
         # Streams arrived in bursts: per-token latencies of this window mislead (seed 000).
         # Before the verdict, which stays last for the colouring in print_window; with

@@ -31,6 +31,8 @@ def test_real_vllm_page_gives_the_window_counters() -> None:
     assert metrics.requests_waiting == _sample(text, "vllm:num_requests_waiting")
     assert metrics.kv_cache_usage == _sample(text, "vllm:kv_cache_usage_perc")
     assert metrics.preemptions_total == _sample(text, "vllm:num_preemptions_total")
+    assert metrics.prefix_cache_queries_total == _sample(text, "vllm:prefix_cache_queries_total")
+    assert metrics.prefix_cache_hits_total == _sample(text, "vllm:prefix_cache_hits_total")
     assert metrics.requests_running > 0 and metrics.requests_waiting > 0
     assert not metrics.idle
     assert 0 < metrics.kv_cache_usage < 1

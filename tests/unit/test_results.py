@@ -29,7 +29,10 @@ SEED_FIELDS = [
 
 
 # Beside N, runner's own: how much of N the engine really got.
-ROW_FIELDS = [*SEED_FIELDS[:5], "in_flight_pct", "server_in_flight_mean", *SEED_FIELDS[5:]]
+ROW_FIELDS = [
+    *SEED_FIELDS[:5], "in_flight_pct", "server_in_flight_mean",
+    *SEED_FIELDS[5:19], "prefix_cache_hit_pct", *SEED_FIELDS[19:],
+]  # fmt: skip
 
 
 def test_row_fields_are_the_seed_fields_in_order_with_the_offered_load_beside_n(
@@ -199,3 +202,10 @@ def test_print_window_writes_the_line() -> None:
     console = Console(record=True, width=300, color_system=None)
     print_window(console, make_row(min_user_tok_s=1.0), make_detail(), floor=15.0)
     assert console.export_text().strip() == console_line(make_row(min_user_tok_s=1.0), floor=15.0)
+
+
+def test_the_console_says_how_the_window_met_the_prefix_cache() -> None:
+    row = make_row(prefix_cache_hit_pct=63.4)
+    warm = console_line(row, make_detail(prefix_cache="warm"), floor=15.0)
+    assert warm.endswith(" prefix_cache=warm:63% PASS")
+    assert "prefix_cache" not in console_line(make_row(), make_detail(), floor=15.0)

@@ -296,3 +296,22 @@ def test_a_request_still_streaming_at_the_boundary_is_in_flight_to_the_end() -> 
 
 def running_waiting(running: float, waiting: float) -> EngineMetrics:
     return dataclasses.replace(metrics(1000.0), requests_running=running, requests_waiting=waiting)
+
+
+def test_the_prefix_cache_hit_rate_is_the_windows_counter_delta() -> None:
+    """With caching on, the share of prompt tokens found in the cache during the window."""
+    start = dataclasses.replace(metrics(1000.0), prefix_cache_queries_total=500.0,
+                                prefix_cache_hits_total=100.0)  # fmt: skip
+    end = dataclasses.replace(metrics(1010.0), prefix_cache_queries_total=1500.0,
+                              prefix_cache_hits_total=700.0)  # fmt: skip
+    measurement = WindowMeasurement(
+        timestamp_utc="t", users=1, user_buckets=[1000], window_s=10.0, t0=T0, t1=T1,
+        records=[record(0, 99.0, [(101.0, 10)])], start=start, end=end,
+    )  # fmt: skip
+    warm = summarize_window(measurement, run_id="r", config_id="c", phase="coarse",
+                            audit_tolerance_pct=1.0, prefix_cache="warm")  # fmt: skip
+    assert warm.row.prefix_cache_hit_pct == pytest.approx(60.0)
+    assert warm.detail.prefix_cache == "warm"
+    off = summarize_window(measurement, run_id="r", config_id="c", phase="coarse",
+                           audit_tolerance_pct=1.0)  # fmt: skip
+    assert off.row.prefix_cache_hit_pct is None and off.detail.prefix_cache == "off"
