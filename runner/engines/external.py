@@ -11,7 +11,6 @@ import httpx
 from runner.engines.base import EngineFault
 from runner.errors import EngineStartError
 
-
 # How long /health may fail in a row before the server counts as stopped.
 HEALTH_GRACE_S = 30.0
 

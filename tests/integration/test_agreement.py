@@ -1,0 +1,134 @@
+"""runner and vLLM's own benchmark client agree on the same engine.
+
+Same engine, same lengths (512 prompt tokens, 64 forced output tokens), N in {1, 8,
+32}: runner's window against ``vllm bench serve --max-concurrency N`` with 50 x N
+prompts (ramp-up and drain about 2% of its run), both with the engine in runner's
+session and in a session of its own (a user who starts vLLM in one terminal and runner
+in another). The engine's own generation counter is read during each tool's run, so
+what each client counts is compared with what the server produced while it ran, and
+what the two tools made the server produce is compared with each other.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from runner.config import RunConfig, build_config
+from runner.engines.base import EngineFault, process_fault
+from runner.engines.process import SERVER_MODULE, wait_ready
+from runner.measure.protocol import run_window
+from runner.measure.reference import run_reference
+from runner.workload.context_mix import build_prompts, load_tokenizer
+from tests.conftest import compose
+from tests.integration.conftest import TINY_CONTEXT, free_port, wait_idle
+
+pytestmark = pytest.mark.integration
+
+INPUT_LEN, OUTPUT_LEN = 512, 64
+USERS = (1, 8, 32)
+# What each client counts against what the engine produced during its own run.
+CLIENT_VS_SERVER = 0.05
+# The engine's output rate under runner's load against under vLLM's client, at equal N.
+RUNNER_VS_BENCH = 0.10
+
+
+class OwnSession:
+    """The engine started as ``setsid python -m vllm...`` would be: a session of its own."""
+
+    def __init__(self, tiny_model_dir: Path, log: Path) -> None:
+        self.port = free_port(8600)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.served_name = "tiny-own-session"
+        self.model_dir = tiny_model_dir
+        self.log_path = log
+        argv = [
+            "--model", str(tiny_model_dir), "--served-model-name", self.served_name,
+            "--load-format", "dummy", "--kv-cache-memory-bytes", str(1 << 30),
+            "--max-model-len", str(TINY_CONTEXT), "--max-num-seqs", "64",
+            "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(self.port),
+        ]  # fmt: skip
+        with log.open("wb") as sink:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", SERVER_MODULE, *argv],
+                stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def fault(self) -> EngineFault | None:
+        code = self.process.poll()
+        return None if code is None else process_fault(code)
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "".join(self.log_path.read_text(errors="replace").splitlines(True)[-lines:])
+
+    def stop(self) -> None:
+        os.killpg(self.process.pid, 15)
+        self.process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def own_session(tiny_model_dir, tmp_path_factory) -> Iterator[OwnSession]:
+    engine = OwnSession(tiny_model_dir, tmp_path_factory.mktemp("own") / "engine.log")
+    try:
+        wait_ready(engine.base_url, 600, lambda: None, engine.log_tail)
+        yield engine
+    finally:
+        engine.stop()
+
+
+def agreement_config(served_name: str) -> RunConfig:
+    return build_config(
+        compose(
+            [
+                f"workload.buckets=[{{total_tokens:{INPUT_LEN + OUTPUT_LEN}}}]",
+                f"workload.max_tokens={OUTPUT_LEN}", "workload.prompts_per_bucket=64",
+                "search=fixed", "search.window_s=12", "search.warmup_s=3",
+                f"model.served_name={served_name}",
+            ]
+        )
+    )  # fmt: skip
+
+
+def agreement(engine, tokenizer_dir: Path) -> list[tuple[int, float, float, float, float]]:
+    """Per N: runner's aggregate, the engine's rate in runner's window, vLLM client's rate,
+    the engine's rate in vLLM client's run."""
+    config = agreement_config(engine.served_name)
+    prompts = build_prompts(load_tokenizer(tokenizer_dir), config.workload)
+    figures = []
+    for users in USERS:
+        window = run_window(
+            engine, config, prompts, users, config_id="agree", run_id="agree", phase="coarse"
+        )
+        assert window.row.valid, window.detail.invalid_reasons
+        bench = run_reference(
+            engine.base_url, engine.served_name, str(tokenizer_dir), users,
+            input_len=INPUT_LEN, output_len=OUTPUT_LEN,
+        )  # fmt: skip
+        assert bench.completed == bench.num_prompts
+        figures.append(
+            (users, window.row.aggregate_output_tok_s, window.row.server_output_tok_s,
+             bench.output_tok_s, bench.server_output_tok_s)
+        )  # fmt: skip
+        wait_idle(engine.base_url, 120)
+    return figures
+
+
+def check(figures: list[tuple[int, float, float, float, float]]) -> None:
+    for users, runner, runner_server, bench, bench_server in figures:
+        where = f"N={users}: {figures}"
+        assert runner == pytest.approx(runner_server, rel=CLIENT_VS_SERVER), where
+        assert bench == pytest.approx(bench_server, rel=CLIENT_VS_SERVER), where
+        assert runner_server == pytest.approx(bench_server, rel=RUNNER_VS_BENCH), where
+
+
+def test_runner_and_vllm_bench_agree_with_the_engine_in_runners_session(vllm_server) -> None:
+    check(agreement(vllm_server, vllm_server.model_dir))
+
+
+def test_runner_and_vllm_bench_agree_with_the_engine_in_its_own_session(own_session) -> None:
+    check(agreement(own_session, own_session.model_dir))
