@@ -398,5 +398,13 @@ def _models_in(annotation: Any) -> list[Any]:
 def did_you_mean(loc: Sequence[str | int]) -> str:
     """" (did you mean engine.max_num_seqs?)" for an unknown key ``loc``; "" if nothing is close."""
     path = user_path(loc)
-    close = difflib.get_close_matches(path[-1], known_keys(path[:-1]), n=1) if path else []
+    if not path:
+        return ""
+    keys = known_keys(path[:-1])
+    if path[-1] in keys:
+        # A key of another kind of the same union: the kind given does not take it.
+        tags = [str(part) for part in loc if isinstance(part, str) and part not in path]
+        kind = f" {path[-2]}.kind={tags[-1]}" if tags and len(path) > 1 else " this kind"
+        return f" ({'.'.join(path)} belongs to another kind; with{kind} it does not apply)"
+    close = difflib.get_close_matches(path[-1], keys, n=1)
     return f" (did you mean {'.'.join([*path[:-1], close[0]])}?)" if close else ""

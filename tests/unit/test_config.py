@@ -190,3 +190,20 @@ def test_engine_arguments_and_environment_are_text_as_typed_on_the_command_line(
     )
     assert config.engine.extra_args == ["--stream-interval", "16"]
     assert config.engine.env == {"VLLM_FLAG": "1", "ON": "true"}
+
+
+def test_a_key_of_another_search_kind_is_named_as_such() -> None:
+    """search and workload take only their kind's keys: no YAML carries ignored keys."""
+    data = compose_plain("search=fixed")
+    data["search"]["max_users"] = 64
+    with pytest.raises(ConfigError) as caught:
+        build_config(data)
+    assert "search.max_users belongs to another kind; with search.kind=fixed" in str(caught.value)
+
+
+def compose_plain(*overrides: str) -> dict:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        composed = compose("runner", overrides=[*overrides, "results.dir=results/test"])
+    plain = OmegaConf.to_container(composed, resolve=True)
+    assert isinstance(plain, dict)
+    return plain
