@@ -42,13 +42,17 @@ _live: set[DockerEngine] = set()
 _live_lock = threading.Lock()
 
 
+class DockerUnreachable(EngineStartError):
+    """No Docker engine answers here (a dry run goes on without one)."""
+
+
 def connect() -> Any:
     """A Docker client for the local engine (``DOCKER_HOST`` and friends are honoured)."""
     try:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise EngineStartError(
+        raise DockerUnreachable(
             f"Cannot reach the Docker engine ({exc}). The docker backend needs a running "
             "dockerd that this user may talk to: start it (e.g. `dockerd &` as root) or "
             "set DOCKER_HOST, or choose backend=process."
