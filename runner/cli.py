@@ -25,6 +25,8 @@ from rich.markup import escape
 
 from runner.config import build_config, did_you_mean
 from runner.errors import ConfigError, RunnerError
+from runner.prepare.launch import API_KEY_VARIABLE, SECRET_FLAGS, owned_flag
+from runner.secret import RedactingFilter, has_credentials, is_env_name, is_secret_name, redact
 
 log = logging.getLogger("runner")
 
@@ -108,6 +110,7 @@ def app(cfg: DictConfig) -> Any:
     # one console line per window that users read.
     for noisy in ("httpx", "httpcore", "urllib3", "docker", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    redact_logs()
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     signal.signal(signal.SIGTERM, _terminate)
@@ -129,7 +132,14 @@ def app(cfg: DictConfig) -> Any:
 
 def print_error(err: Console, exc: RunnerError) -> None:
     """The one paragraph a user reads for anything runner refuses or could not do."""
-    err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
+    err.print(f"[bold red]runner:[/] {escape(redact(str(exc)))}", soft_wrap=True)
+
+
+def redact_logs() -> None:
+    """Every log handler (console and runner.log) shows URLs without their credentials."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(item, RedactingFilter) for item in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def _in_multirun() -> bool:
@@ -139,23 +149,159 @@ def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_composes(args: list[str]) -> None:
-    """Compose the config as Hydra is about to, so that an override Hydra refuses (a
-    mistyped key or option) ends as runner's one paragraph instead of Hydra's report.
+# Hydra's flags that take a value as the next word (or after "=").
+_VALUE_FLAGS = {"--config-dir": "config_dir", "-cd": "config_dir",
+                "--config-name": "config_name", "-cn": "config_name"}
+_MULTIRUN_FLAGS = {"-m", "--multirun"}
 
-    Only for a plain single run: with any Hydra flag (``-m``, ``--cfg``, ``-cn``, ...)
-    Hydra's own handling stays in charge. Raises :class:`ConfigError`.
+
+def split_hydra_flags(args: list[str]) -> tuple[dict[str, str], set[str], list[str]]:
+    """``(values of --config-dir/--config-name, other flags, overrides)`` of a command line."""
+    values: dict[str, str] = {}
+    flags: set[str] = set()
+    overrides: list[str] = []
+    words = iter(args)
+    for word in words:
+        name, has_value, value = word.partition("=")
+        if name in _VALUE_FLAGS:
+            values[_VALUE_FLAGS[name]] = value if has_value else next(words, "")
+        elif word.startswith("-"):
+            flags.add(word)
+        else:
+            overrides.append(word)
+    return values, flags, overrides
+
+
+def refuse_secrets(overrides: list[str], *, multirun: bool) -> None:
+    """Refuse a secret on the command line before Hydra prints or saves any override.
+
+    Hydra writes a multirun's overrides to multirun.yaml and logs each job's before
+    runner sees them, so secrets are caught here, and never echoed: the paragraph
+    names the key, not the value. Raises :class:`ConfigError`.
     """
-    if any(arg.startswith("-") for arg in args):
+    problems = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        if key.startswith("engine.env.") and is_secret_name(key.removeprefix("engine.env.")):
+            problems.append(f"{key} looks like a secret")
+        elif key == "engine.env" and any(
+            is_secret_name(name) for name in re.findall(r"([A-Za-z_][A-Za-z0-9_]*)\s*:", value)
+        ):
+            problems.append("engine.env holds a secret-looking name")
+        elif key.startswith("engine.extra_args"):
+            for word in re.split(r"[\[\],\s'\"]+", value):
+                if flag := owned_flag(word, SECRET_FLAGS):
+                    problems.append(f"engine.extra_args passes {flag}")
+        elif key == "engine.api_key_env" and value not in (API_KEY_VARIABLE, "null", ""):
+            # A name is left to validation (which refuses it without echoing); anything
+            # else, or anything Hydra would print, may be the key itself.
+            if multirun or not is_env_name(value):
+                problems.append(
+                    f"engine.api_key_env holds something other than {API_KEY_VARIABLE}, "
+                    "perhaps the key itself (not shown)"
+                )
+        if multirun and has_credentials(value):
+            problems.append(f"{key} holds a URL with credentials")
+    if problems:
+        where = (
+            "a multirun, whose overrides Hydra prints and saves before runner starts"
+            if multirun
+            else "the command line, which shell history and process lists keep"
+        )
+        raise ConfigError(
+            f"What looks like a secret was given on {where}: "
+            f"{'; '.join(dict.fromkeys(problems))}. runner "
+            "reads secrets from your environment only: export HF_TOKEN (with "
+            f"model.needs_hf_token=true) or {API_KEY_VARIABLE} (with engine.api_key_env="
+            f"{API_KEY_VARIABLE}); for an MLflow server that needs a login, export "
+            "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD instead of writing them "
+            "into tracking.uri. Nothing was started or written."
+        )
+
+
+def check_command_line(args: list[str]) -> None:
+    """Check a command line before Hydra acts on it; raises :class:`ConfigError`.
+
+    Secrets are refused first. Then the config is composed as Hydra is about to, so
+    that a missing --config-dir, a malformed option file or an override Hydra refuses
+    (a mistyped key or option) ends as runner's one paragraph instead of Hydra's
+    report. A multirun is composed once per swept value. With any other Hydra flag
+    (``--cfg``, ``--info``, ...) Hydra's own handling stays in charge.
+    """
+    values, flags, overrides = split_hydra_flags(args)
+    multirun = bool(flags & _MULTIRUN_FLAGS) or "hydra.mode=MULTIRUN" in overrides
+    refuse_secrets(overrides, multirun=multirun)
+    extra_dir = values.get("config_dir")
+    if extra_dir is not None and not Path(extra_dir).expanduser().is_dir():
+        raise ConfigError(
+            f"The config folder given with --config-dir, {extra_dir}, is not a folder on "
+            "this machine (looked for "
+            f"{Path(extra_dir).expanduser().resolve()}). Check the path; nothing was started."
+        )
+    if flags - _MULTIRUN_FLAGS:
         return
-    from hydra import compose, initialize_config_dir
+    composed_mode = None
+    for job in _jobs(overrides) if multirun else [overrides]:
+        composed_mode = _compose(job, values.get("config_name", "runner"), extra_dir)
+    if not multirun and composed_mode == "MULTIRUN":
+        # A sweep file that sets hydra.mode itself: Hydra will print every override.
+        refuse_secrets(overrides, multirun=True)
+
+
+def _jobs(overrides: list[str]) -> list[list[str]]:
+    """One override list per swept value (each sweep alone), so every option file is read."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            compose(config_name="runner", overrides=args)
+        parsed = OverridesParser.create().parse_overrides(overrides)
     except HydraException as exc:
         raise ConfigError(_override_paragraph(exc)) from exc
+    fixed = [item.input_line for item in parsed if not item.is_sweep_override()]
+    jobs = [fixed]
+    for item in parsed:
+        if item.is_sweep_override():
+            jobs += [[*fixed, f"{item.get_key_element()}={value}"] for value in item.sweep_string_iterator()]
+    return jobs
+
+
+def _compose(overrides: list[str], config_name: str, extra_dir: str | None) -> str | None:
+    """Compose as ``python -m runner [--config-dir D] [--config-name N] OVERRIDES`` would;
+    returns the composed ``hydra.mode`` (a sweep file may set MULTIRUN itself)."""
+    import yaml
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    search_path = create_config_search_path(config_dir())
+    if extra_dir is not None:
+        # Where Hydra itself puts --config-dir: after the packaged groups.
+        search_path.prepend(
+            provider="command-line",
+            path=f"file://{Path(extra_dir).expanduser().resolve()}",
+            anchor=SearchPathQuery(provider="schema"),
+        )
+    GlobalHydra.instance().clear()
+    try:
+        hydra_app = Hydra.create_main_hydra2(task_name="runner", config_search_path=search_path)
+        cfg = hydra_app.compose_config(
+            config_name, overrides, run_mode=RunMode.RUN, with_log_configuration=False
+        )
+    except HydraException as exc:
+        raise ConfigError(_override_paragraph(exc)) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(
+            f"An option file is not valid YAML: {' '.join(str(exc).split())}. Fix the file "
+            "at the line named; nothing was started."
+        ) from exc
+    finally:
+        GlobalHydra.instance().clear()
+    mode = OmegaConf.select(cfg, "hydra.mode")
+    return getattr(mode, "name", None)
 
 
 def _override_paragraph(exc: Exception) -> str:
@@ -178,7 +324,7 @@ def _override_paragraph(exc: Exception) -> str:
 
 def main() -> None:
     try:
-        check_composes(sys.argv[1:])
+        check_command_line(sys.argv[1:])
     except RunnerError as exc:
         print_error(Console(stderr=True, highlight=False, soft_wrap=True), exc)
         sys.exit(exc.exit_code)

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -21,12 +22,14 @@ from pydantic import (
 )
 
 from runner.errors import ConfigError
+from runner.secret import is_env_name, redact
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "nvfp4a16", "int4"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are refused everywhere: `search.window_s=inf` would never end a window.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Hardware(Strict):
@@ -110,6 +113,9 @@ class Engine(Strict):
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    # A fixed KV cache size (--kv-cache-memory-bytes); the CPU profile's choice, since
+    # a fraction of node memory moves with the machine (ENVIRONMENT.md, pitfalls).
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=None, ge=1)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool = False
@@ -126,6 +132,18 @@ class Engine(Strict):
     api_key_env: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env_is_a_name(cls, value: str | None) -> str | None:
+        # The value is deliberately left out of the message: it may be the key itself.
+        if value is not None and not is_env_name(value):
+            raise ValueError(
+                "must be the NAME of the environment variable that holds the API key "
+                "(letters, digits and _, e.g. VLLM_API_KEY), never the key itself; the "
+                "value given is not shown"
+            )
+        return value
 
     @field_validator("env", mode="before")
     @classmethod
@@ -190,7 +208,7 @@ class Search(Strict):
     """How concurrency is searched (``search/``)."""
 
     kind: Literal["bracket", "fixed"]
-    users: list[int] = Field(default_factory=list)
+    users: list[Annotated[int, Field(ge=1)]] = Field(default_factory=list)
     start_users: int = Field(default=7, ge=1)
     max_users: int = Field(default=1024, ge=1)
     window_s: float = Field(default=300.0, gt=0)
@@ -229,6 +247,21 @@ class Backend(Strict):
     hf_cache: str | None = None
     on_engine_fault: Literal["stop", "relaunch"] = "stop"
     python: str | None = None
+    # An API key sent over plain http to another host can be read on the way.
+    allow_insecure_key: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _url_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = url_problem(value)
+            if problem is None and urlsplit(value).scheme not in ("http", "https"):
+                problem = "needs http:// or https://"
+            if problem is None and not urlsplit(value).hostname:
+                problem = "names no host"
+            if problem:
+                raise ValueError(f"{redact(value)!r} {problem}")
+        return value
 
 
 class Smoke(Strict):
@@ -246,6 +279,13 @@ class Tracking(Strict):
     uri: str = "sqlite:///mlruns/mlflow.db"
     experiment: str = "runner"
     artifact_root: str | None = "mlruns/artifacts"
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_parses(cls, value: str) -> str:
+        if "://" in value and (problem := url_problem(value)):
+            raise ValueError(f"{redact(value)!r} {problem}")
+        return value
 
 
 class Results(Strict):
@@ -270,6 +310,18 @@ class RunConfig(Strict):
     run_id: str | None = None
     dry_run: bool = False
     cache_dir: str = "~/.cache/runner"
+
+
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be parsed (an unclosed IPv6 bracket, a port that is no number), or None."""
+    try:
+        urlsplit(url).port
+    except ValueError:
+        return (
+            "is not a URL runner can read: check the brackets around an IPv6 address "
+            "(http://[::1]:8000) and that the port is a number"
+        )
+    return None
 
 
 def _as_text(value: Any) -> Any:

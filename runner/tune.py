@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import ConfigError, RunnerError
+from runner.secret import redact
 from runner.run.tune import (
     DEFAULT_SPACE,
     Tuner,
@@ -33,8 +34,10 @@ log = logging.getLogger("runner")
 def tune(args: argparse.Namespace) -> int:
     from hydra import initialize_config_dir
 
-    from runner.cli import _terminate, config_dir
+    from runner.cli import _terminate, config_dir, refuse_secrets
 
+    # Every trial's overrides are logged and stored in the study: no secret among them.
+    refuse_secrets(args.overrides, multirun=True)
     space = parse_space(load_space(args.space) if args.space else DEFAULT_SPACE)
     check_overrides(space, args.overrides)
     results_dir = Path(args.results_dir or f"results/tune/{args.study}").expanduser().resolve()
@@ -115,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return tune(args)
     except RunnerError as exc:
-        err.print(f"runner.tune: {exc}", markup=False)
+        err.print(f"runner.tune: {redact(str(exc))}", markup=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("runner.tune: interrupted; run the same command again to resume the study.")

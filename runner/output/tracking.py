@@ -11,7 +11,8 @@ and validity. At the end the run loop logs :data:`BEST_USERS`,
 A resumed run finds its parent again (same ``run_id`` and ``config_id``) and skips
 windows whose child run is already there, so resuming leaves no duplicate runs.
 With ``tracking.enabled=false`` the same API does nothing.
-Environment-variable values are never logged, only their names.
+Environment-variable values are never logged, only their names; every param and tag
+loses URL credentials on the way (:func:`runner.secret.redact`).
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 from mlflow.entities import Metric, Param, RunTag
@@ -34,6 +34,7 @@ from mlflow.tracking import MlflowClient
 from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowResult
+from runner.secret import redact
 
 logger = logging.getLogger("runner")
 
@@ -298,6 +299,8 @@ def _param_text(value: Any) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
+    # Every param, tag and key goes through here: URLs lose their credentials first.
+    text = redact(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -316,20 +319,10 @@ def check_reachable(uri: str) -> None:
         httpx.get(f"{uri.rstrip('/')}/health", timeout=10.0)
     except httpx.TransportError as exc:
         raise TrackingError(
-            f"The MLflow server at {shown_uri(uri)} does not answer ({exc}). "
+            f"The MLflow server at {redact(uri)} does not answer ({redact(str(exc))}). "
             "Start it (mlflow server), fix tracking.uri, or run with "
             "tracking.enabled=false; the results folder is written either way."
         ) from exc
-
-
-def shown_uri(uri: str) -> str:
-    """The URI without any user:password part, safe to print."""
-    parts = urlsplit(uri)
-    if parts.password is None and parts.username is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _experiment_id(client: Any, tracking: Tracking) -> str:
@@ -342,7 +335,7 @@ def _experiment_id(client: Any, tracking: Tracking) -> str:
         return client.create_experiment(tracking.experiment, artifact_location=location)
     if experiment.lifecycle_stage == "deleted":
         raise TrackingError(
-            f"The MLflow experiment {tracking.experiment!r} at {shown_uri(tracking.uri)} was "
+            f"The MLflow experiment {tracking.experiment!r} at {redact(tracking.uri)} was "
             "deleted. "
             "MLflow keeps the name reserved until it is purged; restore it "
             "(mlflow experiments restore) or choose another with tracking.experiment=NAME."
@@ -388,9 +381,9 @@ class _translated:
         if exc is None or isinstance(exc, TrackingError):
             return
         if isinstance(exc, MlflowException | OSError):
-            detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            detail = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
             raise TrackingError(
-                f"Could not {self.action} in MLflow at {shown_uri(self.tracking.uri)} "
+                f"Could not {self.action} in MLflow at {redact(self.tracking.uri)} "
                 f"(experiment {self.tracking.experiment!r}): {detail}. Check that "
                 "tracking.uri points at a reachable server or a writable sqlite file, "
                 "or run with tracking.enabled=false; the results folder is written "

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import EngineFlagError, PreflightError
+from runner.prepare.launch import flag_name
 
 log = logging.getLogger("runner")
 
@@ -56,16 +57,11 @@ def argv_flags(argv: list[str]) -> list[str]:
     ``--a_b`` means ``--a-b``; ``--x=1`` and ``--x.key=1`` (vLLM's dotted JSON
     overrides) name ``--x``; negative numbers are values, not options.
     """
-    names = []
-    for token in argv:
-        if not token.startswith("-") or _NUMBER.match(token) or token == "-":
-            continue
-        if token.startswith("--"):
-            name = token.split("=", 1)[0].split(".", 1)[0]
-            names.append("--" + name[2:].replace("_", "-"))
-        else:
-            names.append(token)
-    return names
+    return [
+        flag_name(token)
+        for token in argv
+        if token.startswith("-") and not _NUMBER.match(token) and token != "-"
+    ]
 
 
 def unknown_flags(argv: list[str], supported: set[str]) -> list[str]:

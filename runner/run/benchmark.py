@@ -59,6 +59,7 @@ from runner.output.benchmark import (
     read_benchmark_rows,
     row_metrics,
 )
+from runner.secret import redact
 from runner.workload.prompt import Prompt
 
 if TYPE_CHECKING:
@@ -213,7 +214,7 @@ def execute_fixed(
     console.print(
         f"config_id={context.config_id} run_id={context.run_id} family={context.family}\n"
         f"results: {context.results_dir / BENCHMARK_NAME}  MLflow: "
-        f"{config.tracking.uri if config.tracking.enabled else 'disabled'}",
+        f"{redact(config.tracking.uri) if config.tracking.enabled else 'disabled'}",
         markup=False,
         highlight=False,
         soft_wrap=True,

@@ -9,12 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from runner.config import RunConfig
 from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError
 from runner.measure.result import WindowResult
 from runner.prepare import identity, launch, validate
 from runner.prepare.modelref import ResolvedModel
+from runner.secret import redact_data
 
 log = logging.getLogger("runner")
 
@@ -41,16 +44,30 @@ class RunContext:
         return Path(self.config.cache_dir).expanduser()
 
     def write_manifest(self) -> Path:
+        """manifest.json, and config.yaml: the validated config as runner read it.
+
+        Hydra's own copy (.hydra/) is switched off in conf/runner.yaml because Hydra
+        writes it before runner has validated anything, so a refused secret would be
+        on disk already; both files here are written after validation, redacted.
+        """
         path = self.results_dir / "manifest.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str))
-        os.replace(tmp, path)
+        write_atomically(path, json.dumps(redact_data(self.manifest), indent=2, sort_keys=True, default=str))
+        resolved = redact_data(self.config.model_dump(mode="json"))
+        write_atomically(self.results_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
         return path
+
+
+def write_atomically(path: Path, text: str) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
     """Validate, pin the model revision and name the run; raises ConfigError early."""
-    warnings = validate.validate(config)
+    from runner.prepare.host import machine_memory
+
+    warnings = validate.validate(config, machine_memory())
     config, resolved = pin_model(config, warnings)
     config_id = identity.config_id(config)
     run_id = config.run_id or identity.new_run_id(config)
@@ -160,6 +177,10 @@ def check_engine_flags(context: RunContext, plan: LaunchPlan) -> str:
     if config.backend.kind == "external":
         return "unchecked (backend=external: runner does not launch the engine)"
     if config.backend.kind == "process":
+        from runner.prepare.torchstack import check_companions
+
+        # Before --help=all, which a torchvision built for another torch already breaks.
+        check_companions(config.backend.python or _python(), flags_cache)
         supported = flags.local_supported_flags(config.backend.python or _python(), flags_cache)
         flags.check_flags(plan.argv, supported, "the local vLLM")
         return "checked against the local vLLM's --help=all"

@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.cli import check_composes
+from runner.cli import check_command_line
 from runner.config import RunConfig, build_config, known_keys
 from runner.errors import ConfigError
 from runner.prepare.validate import validate
@@ -127,7 +127,7 @@ def test_an_override_hydra_refuses_becomes_one_paragraph(override: str, words: l
     """A key mistyped without ``+`` never reaches the schema: Hydra refuses it while
     composing. The entry point composes first and says so in runner's own words."""
     with pytest.raises(ConfigError) as caught:
-        check_composes([override, "dry_run=true"])
+        check_command_line([override, "dry_run=true"])
     message = str(caught.value)
     assert "\n" not in message and message.endswith("nothing was started.")
     for word in words:
@@ -135,8 +135,18 @@ def test_an_override_hydra_refuses_becomes_one_paragraph(override: str, words: l
 
 
 def test_hydra_flags_and_valid_overrides_pass_the_composition_check() -> None:
-    check_composes(["+hw=rtx5090", "kv=nvfp4", "hydra.run.dir=/tmp/x", "dry_run=true"])
-    check_composes(["-m", "engine.max_num_seq=4,5"])  # multirun: Hydra reports it itself
+    check_command_line(["+hw=rtx5090", "kv=nvfp4", "hydra.run.dir=/tmp/x", "dry_run=true"])
+    check_command_line(["-m", "engine.max_num_seqs=4,5", "hydra/launcher=joblib"])
+    check_command_line(["--config-dir", "sweeps", "--config-name", "max_num_seqs", "+hw=h200"])
+    check_command_line(["--cfg", "job", "engine.max_num_seq=4"])  # Hydra's own report
+
+
+def test_a_multirun_is_composed_once_per_swept_value() -> None:
+    """A mistyped key or option in a sweep is refused before Hydra launches any job."""
+    with pytest.raises(ConfigError, match="did you mean engine.max_num_seqs"):
+        check_command_line(["-m", "engine.max_num_seq=4,5"])
+    with pytest.raises(ConfigError, match="kv/nvfp5"):
+        check_command_line(["-m", "kv=auto,nvfp5"])
 
 
 def test_nvfp4_kv_on_h200_is_refused() -> None:

@@ -41,7 +41,7 @@ def make_config(**groups: dict[str, Any] | Any) -> RunConfig:
                   "generated": True},
         "kv": {"name": "auto", "cache_dtype": "auto", "precision": "auto"},
         "engine": {"name": "cpu", "max_num_seqs": 64, "max_model_len": 2048,
-                   "gpu_memory_utilization": 0.3},
+                   "kv_cache_memory_gib": 2},
         "workload": {"name": "mix", "buckets": [{"total_tokens": 128}, {"total_tokens": 1024}],
                      "max_tokens": 64},
         "search": {"kind": "bracket", "start_users": 7, "max_users": 64},
