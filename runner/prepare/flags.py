@@ -138,7 +138,7 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
     import docker.errors
     import requests
 
-    from runner.engines.docker import connect, find_image
+    from runner.engines.docker import connect, find_image, owner_labels
 
     client = docker_client or connect()
     image = find_image(client, image_ref)
@@ -160,7 +160,7 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
             command=["--help=all"],
             detach=True,
             network_disabled=True,
-            labels={"runner.purpose": "flags"},
+            labels={"runner.purpose": "flags", **owner_labels()},
         )
         status = container.wait(timeout=HELP_TIMEOUT_S)
         output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
