@@ -186,3 +186,73 @@ def test_engine_arguments_and_environment_are_text_as_typed_on_the_command_line(
     )
     assert config.engine.extra_args == ["--stream-interval", "16"]
     assert config.engine.env == {"VLLM_FLAG": "1", "ON": "true"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (("search=fixed", "search.users=[0]"), ["search.users.0", "greater than or equal to 1"]),
+        (("search=fixed", "search.users=[4,-2]"), ["search.users.1"]),
+        (("search.start_users=-1",), ["search.start_users"]),
+        (("search.window_s=inf",), ["search.window_s", "finite"]),
+        (("search.warmup_s=nan",), ["search.warmup_s", "finite"]),
+        (("slo.min_user_tok_s=nan",), ["slo.min_user_tok_s", "finite"]),
+        (("slo.min_user_tok_s=inf",), ["slo.min_user_tok_s", "finite"]),
+        (("workload.request_timeout_s=inf",), ["workload.request_timeout_s"]),
+        (("backend=external", "backend.url='http://[::1'"), ["backend.url", "IPv6"]),
+        (("backend=external", "backend.url='http://h:port'"), ["backend.url", "port"]),
+        (("backend=external", "backend.url=ftp://h"), ["backend.url", "http"]),
+        (("tracking.uri='http://u:hunter2@[::1'",), ["tracking.uri", "***"]),
+    ],
+)
+def test_bad_values_are_refused_by_the_schema_before_anything_starts(
+    overrides: tuple[str, ...], words: list[str]
+) -> None:
+    """Issue 8: users=[0] reached the engine and ended in a traceback; inf never ends a window."""
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*overrides)
+    message = str(caught.value)
+    assert "\n" not in message and "hunter2" not in message
+    for word in words:
+        assert word in message, message
+
+
+# One key per group (and top-level value) with a value of the wrong type.
+WRONG_TYPE = {
+    "image": "image.allow_unpinned=maybe", "model": "model.max_context=huge",
+    "kv": "kv.cache_dtype=fp16", "engine": "engine.max_num_seqs=many",
+    "workload": "workload.max_tokens=-5", "search": "search.kind=binary",
+    "backend": "backend.on_engine_fault=retry", "tracking": "tracking.enabled=sometimes",
+    "slo": "slo.audit_tolerance_pct=0", "smoke": "smoke.memory_repeats=1",
+    "hw": "hw.count=0", "run": "dry_run=perhaps",
+}
+
+
+@pytest.mark.parametrize("group", sorted(WRONG_TYPE))
+def test_every_group_refuses_a_value_of_the_wrong_type(group: str) -> None:
+    overrides = ("+hw=h200", WRONG_TYPE[group]) if group == "hw" else (WRONG_TYPE[group],)
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*overrides)
+    key = WRONG_TYPE[group].split("=")[0]
+    assert key in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("group", [*GROUPS, "slo", "smoke", "results"])
+def test_every_group_refuses_an_unknown_key(group: str) -> None:
+    """Without `+` Hydra refuses it while composing; with `+` runner's schema does."""
+    with pytest.raises(ConfigError, match="no_such_key"):
+        check_command_line([f"{group}.no_such_key=1"])
+    with pytest.raises(ConfigError, match="no_such_key"):
+        compose_config(f"+{group}.no_such_key=1")
+
+
+def test_a_missing_config_dir_and_a_malformed_option_file_are_one_paragraph(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--config-dir") as caught:
+        check_command_line(["--config-dir", str(tmp_path / "missing"), "dry_run=true"])
+    assert str(tmp_path / "missing") in str(caught.value)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "broken.yaml").write_text("name: broken\nrepo: [unclosed\n")
+    with pytest.raises(ConfigError) as caught:
+        check_command_line(["--config-dir", str(tmp_path), "model=broken"])
+    message = str(caught.value)
+    assert "not valid YAML" in message and "broken.yaml" in message and "line 2" in message

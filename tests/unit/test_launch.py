@@ -259,3 +259,46 @@ def test_a_generated_model_in_a_container_mounts_no_hub_cache() -> None:
     plan = build_launch_plan(config, model_path="/models/tiny", host="0.0.0.0")
     assert plan.image == "local/vllm-cpu:0.32.0"
     assert plan.mounts == [] and plan.gpus is None
+
+
+def every_field_set(config: RunConfig) -> RunConfig:
+    """``config`` with every optional model and engine field given a value, so that
+    the plan emits every flag runner can emit."""
+    model = config.model.model_copy(update={
+        "quantization": "fp8", "trust_remote_code": True, "mamba_ssm_cache_dtype": "float32",
+        "reasoning_parser": "r", "tool_call_parser": "t",
+    })
+    engine = config.engine.model_copy(update={
+        "max_num_seqs": 8, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.5,
+        "kv_cache_memory_gib": 1.0, "max_model_len": 1024, "enable_chunked_prefill": True,
+        "enable_expert_parallel": True, "async_scheduling": True, "generation_config": "vllm",
+        "long_prefill_token_threshold": 64, "max_num_partial_prefills": 2,
+        "max_long_partial_prefills": 1, "load_format": "dummy", "enable_prefix_caching": True,
+    })
+    return config.model_copy(update={"model": model, "engine": engine})
+
+
+@pytest.mark.parametrize("overrides", [(), ("+hw=h200x2",), ("engine.enable_chunked_prefill=false",)])
+def test_every_flag_runner_emits_is_owned_by_a_typed_field(overrides: tuple[str, ...]) -> None:
+    """So engine.extra_args can never set one behind config_id (issue 8)."""
+    from runner.prepare.flags import argv_flags
+    from runner.prepare.launch import TYPED_FLAGS
+
+    config = every_field_set(compose_config(*overrides))
+    plan = build_launch_plan(config, model_path="/m", host="127.0.0.1")
+    assert set(argv_flags(plan.argv)) - set(TYPED_FLAGS) == set()
+
+
+def test_a_kv_cache_size_in_gib_is_emitted_as_the_integer_bytes_vllm_reads() -> None:
+    config = compose_config("engine.kv_cache_memory_gib=1.5")
+    ours = flags(build_launch_plan(config, model_path="m", host="127.0.0.1").argv)
+    assert ours["--kv-cache-memory-bytes"] == "1610612736"
+
+
+def test_an_hf_token_goes_only_to_an_engine_that_may_reach_the_hub() -> None:
+    online = compose_config("model.needs_hf_token=true")
+    assert build_launch_plan(online, model_path="m", host="h").secret_env == ["HF_TOKEN"]
+    offline = compose_config("model.needs_hf_token=true", "+engine.env.HF_HUB_OFFLINE=1")
+    assert build_launch_plan(offline, model_path="m", host="h").secret_env == []
+    unneeded = compose_config()
+    assert build_launch_plan(unneeded, model_path="m", host="h").secret_env == []

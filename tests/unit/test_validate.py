@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from runner.config import RunConfig
+from runner.config import RunConfig, build_config
 from runner.errors import ConfigError
-from runner.prepare.validate import validate
+from runner.prepare.validate import MachineMemory, validate
 
 HOPPER = {
     "name": "h200",
@@ -53,7 +53,7 @@ def make_config(**groups: dict[str, Any] | Any) -> RunConfig:
             data[key] = data[key] | value
         else:
             data[key] = value
-    return RunConfig.model_validate(data)
+    return build_config(data)
 
 
 NVFP4_KV = {"name": "nvfp4", "cache_dtype": "nvfp4", "precision": "nvfp4"}
@@ -63,8 +63,12 @@ PINNED = {"digest": "sha256:" + "0" * 64, "allow_unpinned": False, "local_build"
 
 
 def refusal(config: RunConfig) -> str:
+    return refusal_with(config, None)
+
+
+def refusal_with(config: RunConfig, memory: MachineMemory | None) -> str:
     with pytest.raises(ConfigError) as caught:
-        validate(config)
+        validate(config, memory)
     message = str(caught.value)
     assert "\n" not in message, "a refusal is one paragraph"
     return message
@@ -164,19 +168,114 @@ def test_tensor_parallel_needs_as_many_gpus() -> None:
     validate(make_config(hw=HOPPER | {"count": 2}, engine={"tensor_parallel_size": 2}))
 
 
-@pytest.mark.parametrize("flag", ["--max-num-seqs", "--max-num-seqs=4", "-tp", "--api-key"])
-def test_extra_args_may_not_repeat_a_typed_flag(flag: str) -> None:
-    message = refusal(make_config(engine={"extra_args": [flag, "4"]}))
-    assert flag.split("=")[0] in message
+@pytest.mark.parametrize(
+    ("args", "owner"),
+    [
+        (["--max-num-seqs", "4"], "engine.max_num_seqs"),
+        (["--max_num_seqs=4"], "engine.max_num_seqs"),
+        (["--max-num-seqs.x=4"], "engine.max_num_seqs"),
+        (["-tp", "2"], "engine.tensor_parallel_size"),
+        (["-tp=2"], "engine.tensor_parallel_size"),
+        (["--kv_cache_dtype", "fp8"], "kv"),
+        (["--kv-cache-memory-bytes=1G"], "engine.kv_cache_memory_gib"),
+        (["--gpu-memory-util", "0.5"], "engine.gpu_memory_utilization"),  # argparse prefix
+        (["--config", "serve.yaml"], "typed fields"),
+        (["--revision", "main"], "model.revision"),
+    ],
+)
+def test_extra_args_may_not_set_a_flag_a_typed_field_owns(args: list[str], owner: str) -> None:
+    """vLLM's parser reads --a_b as --a-b, --x.k=v as --x and a unique prefix as the
+    whole flag, so each spelling would change what is served behind config_id."""
+    assert owner in refusal(make_config(engine={"extra_args": args}))
 
 
-def test_extra_args_carry_flags_no_field_covers() -> None:
-    validate(make_config(engine={"extra_args": ["--enforce-eager"]}))
+@pytest.mark.parametrize(
+    "args",
+    [["--api-key", "sk-planted"], ["--api_key", "sk-planted"], ["--api-key=sk-planted"],
+     ["--api_key=sk-planted"], ["--api-k=sk-planted"], ["--hf_token=hf_planted"],
+     ["--hf-token", "hf_planted"]],
+)
+def test_extra_args_may_not_carry_a_secret_and_the_refusal_does_not_repeat_it(args: list[str]) -> None:
+    message = refusal(make_config(engine={"extra_args": args}))
+    assert "secret" in message and "planted" not in message
+    assert "--api-key" in message or "--hf-token" in message
+
+
+def test_a_url_with_credentials_in_extra_args_is_refused_unseen() -> None:
+    args = ["--otlp-traces-endpoint", "http://collector:hunter2@10.0.0.9:4317"]
+    message = refusal(make_config(engine={"extra_args": args}))
+    assert "credentials" in message and "hunter2" not in message
+
+
+def test_extra_args_carry_flags_vllm_has_and_no_field_covers() -> None:
+    extra = ["--enforce-eager", "--long-prefill-token-threshold-adaptive", "--model-impl", "vllm"]
+    assert validate(make_config(engine={"extra_args": extra})) == []
+
+
+def test_the_kv_cache_size_of_vllm_cpu_is_a_typed_field_not_an_env_variable() -> None:
+    assert "kv_cache_memory_gib" in refusal(make_config(engine={"env": {"VLLM_CPU_KVCACHE_SPACE": "4"}}))
+
+
+def test_a_kv_cache_size_that_cannot_fit_the_machine_is_refused_with_its_figures() -> None:
+    """Judged against the physical total, not what is free now: NUMA node 0 grows on
+    these VMs (ENVIRONMENT.md pitfalls), so today's free memory would refuse a size
+    that fits later."""
+    machine = MachineMemory(total_gib=24.0)
+    assert validate(make_config(engine={"kv_cache_memory_gib": 8}), machine) == []
+    message = refusal_with(make_config(engine={"kv_cache_memory_gib": 30}), machine)
+    assert "30" in message and "24.0 GiB of physical memory" in message and "22.0" in message
+
+
+def test_a_cgroup_limit_below_the_machine_bounds_a_local_process_not_a_container() -> None:
+    machine = MachineMemory(total_gib=24.0, cgroup_limit_gib=4.0)
+    message = refusal_with(make_config(engine={"kv_cache_memory_gib": 3}), machine)
+    assert "cgroup limit of 4.0 GiB" in message
+    validate(make_config(engine={"kv_cache_memory_gib": 3}, backend={"kind": "docker"}), machine)
+
+
+def test_a_gpu_kv_cache_size_must_fit_one_gpu() -> None:
+    config = make_config(hw=HOPPER | {"native_precisions": ["bf16"]},
+                         engine={"kv_cache_memory_gib": 150, "gpu_memory_utilization": None})
+    assert "140.4" in refusal(config)
+
+
+def test_a_fixed_kv_size_and_a_memory_fraction_together_are_refused() -> None:
+    """vLLM 0.32 --help: kv_cache_memory_bytes (when not-None) ignores gpu_memory_utilization."""
+    message = refusal(make_config(engine={"kv_cache_memory_gib": 2, "gpu_memory_utilization": 0.3}))
+    assert "kv_cache_memory_gib" in message and "gpu_memory_utilization" in message
+
+
+def test_a_memory_fraction_on_the_cpu_is_warned_about() -> None:
+    warnings = validate(make_config(engine={"kv_cache_memory_gib": None, "gpu_memory_utilization": 0.3}))
+    assert any("node 0" in warning and "kv_cache_memory_gib" in warning for warning in warnings)
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [("http://10.0.0.5:8000", False), ("https://10.0.0.5:8000", True), ("http://127.0.0.1:8000", True),
+     ("http://localhost:8000", True), ("http://[::1]:8000", True), ("http://127.0.1.1:8000", True)],
+)
+def test_a_bearer_key_over_plain_http_to_another_host_is_refused(url: str, allowed: bool) -> None:
+    config = make_config(backend={"kind": "external", "url": url}, engine={"api_key_env": "VLLM_API_KEY"})
+    if allowed:
+        validate(config)
+        return
+    assert "allow_insecure_key" in refusal(config)
+    validate(make_config(backend={"kind": "external", "url": url, "allow_insecure_key": True},
+                         engine={"api_key_env": "VLLM_API_KEY"}))
 
 
 def test_the_api_key_must_be_read_from_vllms_own_variable() -> None:
     assert "VLLM_API_KEY" in refusal(make_config(engine={"api_key_env": "MY_KEY"}))
     validate(make_config(engine={"api_key_env": "VLLM_API_KEY"}))
+
+
+def test_a_key_given_where_its_variable_name_belongs_is_never_echoed() -> None:
+    """An HF token has the shape of a name; one with dashes does not: both are refused unseen."""
+    assert "hf_planted" not in refusal(make_config(engine={"api_key_env": "hf_planted0123"}))
+    with pytest.raises(ConfigError) as caught:
+        make_config(engine={"api_key_env": "sk-planted-0123"})
+    assert "planted" not in str(caught.value) and "NAME" in str(caught.value)
 
 
 def test_secrets_may_not_be_written_into_engine_env() -> None:
