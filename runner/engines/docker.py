@@ -152,6 +152,28 @@ def owner_labels() -> dict[str, str]:
     return {LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname()}
 
 
+def run_once(client: Any, image_id: str, purpose: str, timeout_s: float, **options: Any) -> tuple[int | None, str]:
+    """Run a throwaway container without network to its end: (exit status, output).
+
+    It is removed whatever happens; Docker's and the wait's errors reach the caller,
+    which says what could not be done.
+    """
+    container = None
+    try:
+        container = client.containers.run(
+            image_id, detach=True, network_disabled=True,
+            labels={"runner.purpose": purpose, **owner_labels()}, **options,
+        )
+        status = container.wait(timeout=timeout_s)
+        return status.get("StatusCode"), container.logs().decode("utf-8", "replace")
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.DockerException:
+                log.warning("could not remove the %s container %s", purpose, container.short_id)
+
+
 def _container_name(config_id: str) -> str:
     safe = re.sub(r"[^a-zA-Z0-9_.-]", "-", config_id)[:40].strip("-.") or "engine"
     return f"runner-{safe}-{uuid.uuid4().hex[:6]}"

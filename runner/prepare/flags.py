@@ -138,7 +138,7 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
     import docker.errors
     import requests
 
-    from runner.engines.docker import connect, find_image, owner_labels
+    from runner.engines.docker import connect, find_image, run_once
 
     client = docker_client or connect()
     image = find_image(client, image_ref)
@@ -153,17 +153,8 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
     if cached is not None:
         return cached
     log.info("reading the engine flags of %s (--help=all)", image_ref)
-    container = None
     try:
-        container = client.containers.run(
-            image.id,
-            command=["--help=all"],
-            detach=True,
-            network_disabled=True,
-            labels={"runner.purpose": "flags", **owner_labels()},
-        )
-        status = container.wait(timeout=HELP_TIMEOUT_S)
-        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        status, output = run_once(client, image.id, "flags", HELP_TIMEOUT_S, command=["--help=all"])
     except docker.errors.DockerException as exc:
         raise PreflightError(
             f"Could not run `{image_ref} --help=all` to read the engine's flags ({exc}). "
@@ -173,15 +164,9 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
         raise PreflightError(
             f"`{image_ref} --help=all` did not finish within {HELP_TIMEOUT_S:.0f} s ({exc})."
         ) from exc
-    finally:
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except docker.errors.DockerException:
-                log.warning("could not remove the --help container %s", container.short_id)
-    if status.get("StatusCode") != 0:
+    if status != 0:
         raise PreflightError(
-            f"`{image_ref} --help=all` exited with status {status.get('StatusCode')}:\n"
+            f"`{image_ref} --help=all` exited with status {status}:\n"
             f"{output[-2000:]}"
         )
     flags = _require_flags(parse_flags(output), image_ref, output)

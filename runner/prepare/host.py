@@ -43,8 +43,9 @@ def _meminfo(path: Path, key: str) -> float | None:
     return None
 
 
-def memory_total_gib() -> float:
-    return _meminfo(Path("/proc/meminfo"), "MemTotal") or 0.0
+def memory_total_gib() -> float | None:
+    """Physical memory; None where the kernel does not show it (not Linux)."""
+    return _meminfo(Path("/proc/meminfo"), "MemTotal")
 
 
 def memory_available_gib() -> float | None:
@@ -85,8 +86,12 @@ def _read_limit(path: Path) -> int | None:
     return int(text)
 
 
-def machine_memory() -> MachineMemory:
-    return MachineMemory(total_gib=memory_total_gib(), cgroup_limit_gib=cgroup_memory_limit_gib())
+def machine_memory() -> MachineMemory | None:
+    """What a local engine can ever get here; None where it cannot be read."""
+    total = memory_total_gib()
+    if total is None:
+        return None
+    return MachineMemory(total_gib=total, cgroup_limit_gib=cgroup_memory_limit_gib())
 
 
 def numa_nodes(root: Path = Path("/sys/devices/system/node")) -> list[NumaNode]:

@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import docker.errors
-
 from runner.config import RunConfig
 from runner.engines.docker import (
     LABEL_HOST,
@@ -29,8 +27,8 @@ from runner.engines.docker import (
     connect,
     device_requests,
     find_image,
-    owner_labels,
     remove_containers,
+    run_once,
 )
 from runner.errors import RunnerError
 from runner.prepare import host
@@ -98,10 +96,11 @@ def judge_disk(label: str, folder: Path, free_gib: float, need_gib: float, neede
     return problem(f"disk: {label}", needed, found, f"free space on {folder} or point {label} elsewhere")
 
 
-def judge_numa(nodes: list[host.NumaNode], memory: MachineMemory, kv_gib: float | None) -> Check:
+def judge_numa(nodes: list[host.NumaNode], memory: MachineMemory | None, kv_gib: float | None) -> Check:
     """Node figures as they are now; vLLM CPU allocates its KV cache on node 0."""
     figures = ", ".join(f"node {n.index}: {n.free_gib:.1f}/{n.total_gib:.1f} GiB free" for n in nodes)
-    found = f"{memory.describe()}; {figures or 'no NUMA nodes shown'}"
+    total = memory.describe() if memory else "physical memory unknown"
+    found = f"{total}; {figures or 'no NUMA nodes shown'}"
     caveat = " (on some VMs node 0 starts small and grows as memory is used; these are today's figures)"
     node0 = next((node for node in nodes if node.index == 0), None)
     if kv_gib is None or node0 is None or kv_gib <= node0.free_gib:
@@ -188,27 +187,19 @@ def check_gpu_in_container(config: RunConfig, client: Any, runtime: Check) -> Ch
     image = find_image(client, config.image.reference)
     if image is None:
         return Check(name, "skip", f"{config.image.reference} is not on this host yet")
-    container = None
     try:
-        container = client.containers.run(
-            image.id, entrypoint=["nvidia-smi", "-L"], detach=True, network_disabled=True,
-            device_requests=device_requests("all"), labels={"runner.purpose": "doctor", **owner_labels()},
+        status, output = run_once(
+            client, image.id, "doctor", GPU_PROBE_TIMEOUT_S,
+            entrypoint=["nvidia-smi", "-L"], device_requests=device_requests("all"),
         )
-        status = container.wait(timeout=GPU_PROBE_TIMEOUT_S)
-        output = container.logs().decode("utf-8", "replace").strip()
     except Exception as exc:  # docker and requests errors alike: the row says what failed
         return problem(name, needs_docker(config), f"{type(exc).__name__}: {exc}", "see the NVIDIA runtime row")
-    finally:
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except docker.errors.DockerException:
-                log.warning("could not remove the doctor's container %s", container.short_id)
+    output = output.strip()
     gpus = [line for line in output.splitlines() if line.startswith("GPU ")]
-    if status.get("StatusCode") == 0 and len(gpus) >= config.hw.count:
+    if status == 0 and len(gpus) >= config.hw.count:
         return Check(name, "ok", f"{len(gpus)} GPU(s): {gpus[0]}")
     return problem(
-        name, needs_docker(config), output[-300:] or f"exit {status.get('StatusCode')}",
+        name, needs_docker(config), output[-300:] or f"exit {status}",
         f"the profile needs {config.hw.count} GPU(s) visible to containers",
     )
 
