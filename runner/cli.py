@@ -226,8 +226,9 @@ def check_command_line(args: list[str]) -> None:
     Secrets are refused first. Then the config is composed as Hydra is about to, so
     that a missing --config-dir, a malformed option file or an override Hydra refuses
     (a mistyped key or option) ends as runner's one paragraph instead of Hydra's
-    report. A multirun is composed once per swept value. With any other Hydra flag
-    (``--cfg``, ``--info``, ...) Hydra's own handling stays in charge.
+    report. Each swept value is composed on its own (a multirun's, or a sweep file's
+    that sets ``hydra.mode: MULTIRUN``). With any other Hydra flag (``--cfg``,
+    ``--info``, ...) Hydra's own handling stays in charge.
     """
     values, flags, overrides = split_hydra_flags(args)
     multirun = bool(flags & _MULTIRUN_FLAGS) or "hydra.mode=MULTIRUN" in overrides
@@ -241,16 +242,22 @@ def check_command_line(args: list[str]) -> None:
         )
     if flags - _MULTIRUN_FLAGS:
         return
-    composed_mode = None
-    for job in _jobs(overrides) if multirun else [overrides]:
-        composed_mode = _compose(job, values.get("config_name", "runner"), extra_dir)
-    if not multirun and composed_mode == "MULTIRUN":
+    jobs, sweeps = _jobs(overrides)
+    modes = {_compose(job, values.get("config_name", "runner"), extra_dir) for job in jobs}
+    if "MULTIRUN" in modes and not multirun:
         # A sweep file that sets hydra.mode itself: Hydra will print every override.
         refuse_secrets(overrides, multirun=True)
+    elif sweeps and not multirun:
+        raise ConfigError(
+            f"{', '.join(sweeps)} names several values, which only a multirun runs: add -m "
+            "for one job per value (or write [a,b] for a list, 'a,b' for text); nothing "
+            "was started."
+        )
 
 
-def _jobs(overrides: list[str]) -> list[list[str]]:
-    """One override list per swept value (each sweep alone), so every option file is read."""
+def _jobs(overrides: list[str]) -> tuple[list[list[str]], list[str]]:
+    """One override list per swept value (each sweep alone), so every option file is
+    read; and the keys that are swept."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
@@ -259,11 +266,12 @@ def _jobs(overrides: list[str]) -> list[list[str]]:
     except HydraException as exc:
         raise ConfigError(_override_paragraph(exc)) from exc
     fixed = [item.input_line for item in parsed if not item.is_sweep_override()]
-    jobs = [fixed]
+    jobs, sweeps = [fixed], []
     for item in parsed:
         if item.is_sweep_override():
+            sweeps.append(item.get_key_element())
             jobs += [[*fixed, f"{item.get_key_element()}={value}"] for value in item.sweep_string_iterator()]
-    return jobs
+    return jobs, sweeps
 
 
 def _compose(overrides: list[str], config_name: str, extra_dir: str | None) -> str | None:

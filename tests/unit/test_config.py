@@ -256,3 +256,11 @@ def test_a_missing_config_dir_and_a_malformed_option_file_are_one_paragraph(tmp_
         check_command_line(["--config-dir", str(tmp_path), "model=broken"])
     message = str(caught.value)
     assert "not valid YAML" in message and "broken.yaml" in message and "line 2" in message
+
+
+def test_a_sweep_without_a_multirun_is_named_and_a_sweep_file_needs_no_flag() -> None:
+    with pytest.raises(ConfigError, match="engine.max_num_seqs names several values"):
+        check_command_line(["engine.max_num_seqs=32,64"])
+    # sweeps/*.yaml set hydra.mode: MULTIRUN themselves
+    sweeps = str(CONF.parent / "sweeps")
+    check_command_line(["--config-dir", sweeps, "--config-name", "max_num_seqs", "engine.max_num_seqs=32,64"])
