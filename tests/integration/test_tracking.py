@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from runner.cli import main
+from runner.compare import main
 from runner.config import Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowDetail, WindowResult, WindowRow
