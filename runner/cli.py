@@ -193,14 +193,17 @@ def refuse_secrets(overrides: list[str], *, multirun: bool) -> None:
             for word in re.split(r"[\[\],\s'\"]+", value):
                 if flag := owned_flag(word, SECRET_FLAGS):
                     problems.append(f"engine.extra_args passes {flag}")
-        elif key == "engine.api_key_env" and value not in (API_KEY_VARIABLE, "null", ""):
+        elif (
+            key == "engine.api_key_env"
+            and value not in (API_KEY_VARIABLE, "null", "")
             # A name is left to validation (which refuses it without echoing); anything
             # else, or anything Hydra would print, may be the key itself.
-            if multirun or not is_env_name(value):
-                problems.append(
-                    f"engine.api_key_env holds something other than {API_KEY_VARIABLE}, "
-                    "perhaps the key itself (not shown)"
-                )
+            and (multirun or not is_env_name(value))
+        ):
+            problems.append(
+                f"engine.api_key_env holds something other than {API_KEY_VARIABLE}, "
+                "perhaps the key itself (not shown)"
+            )
         if multirun and has_credentials(value):
             problems.append(f"{key} holds a URL with credentials")
     if problems:
@@ -269,8 +272,9 @@ def _jobs(overrides: list[str]) -> tuple[list[list[str]], list[str]]:
     jobs, sweeps = [fixed], []
     for item in parsed:
         if item.is_sweep_override():
-            sweeps.append(item.get_key_element())
-            jobs += [[*fixed, f"{item.get_key_element()}={value}"] for value in item.sweep_string_iterator()]
+            key = item.get_key_element()
+            sweeps.append(key)
+            jobs += [[*fixed, f"{key}={value}"] for value in item.sweep_string_iterator()]
     return jobs, sweeps
 
 

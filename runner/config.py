@@ -315,7 +315,7 @@ class RunConfig(Strict):
 def url_problem(url: str) -> str | None:
     """Why ``url`` cannot be parsed (an unclosed IPv6 bracket, a port that is no number), or None."""
     try:
-        urlsplit(url).port
+        _ = urlsplit(url).port  # reading the port is what checks it
     except ValueError:
         return (
             "is not a URL runner can read: check the brackets around an IPv6 address "

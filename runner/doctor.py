@@ -42,7 +42,9 @@ def table(checks: list[Check]) -> Table:
     for column in ("check", "status", "found", "fix"):
         view.add_column(column, overflow="fold")
     for check in checks:
-        view.add_row(check.name, f"[{_STYLE[check.status]}]{check.status}[/]", check.found, check.fix)
+        view.add_row(
+            check.name, f"[{_STYLE[check.status]}]{check.status}[/]", check.found, check.fix
+        )
     return view
 
 
@@ -52,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Check this host for the run the overrides describe (e.g. +hw=h200).",
     )
     parser.add_argument(
-        "--clean", action="store_true",
+        "--clean",
+        action="store_true",
         help="remove engine containers labelled by runner whose runner process is gone",
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m runner")
@@ -72,9 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         console.print(f"[bold red]not ready:[/] {', '.join(failed)} (the fix is in each row)")
         return 1
-    console.print("[green]ready[/] for this run" + (
-        "; the warnings above may still cost a run" if any(c.status == "warn" for c in checks) else ""
-    ))
+    console.print(
+        "[green]ready[/] for this run"
+        + (
+            "; the warnings above may still cost a run"
+            if any(c.status == "warn" for c in checks)
+            else ""
+        )
+    )
     return 0
 
 

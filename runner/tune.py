@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import ConfigError, RunnerError
-from runner.secret import redact
 from runner.run.tune import (
     DEFAULT_SPACE,
     Tuner,
@@ -27,6 +26,7 @@ from runner.run.tune import (
     to_overrides,
     trials_done,
 )
+from runner.secret import redact
 
 log = logging.getLogger("runner")
 

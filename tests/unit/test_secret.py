@@ -39,14 +39,22 @@ def test_urls_inside_prose_are_redacted_and_the_rest_kept() -> None:
 
 
 def test_nested_values_are_redacted_where_they_sit() -> None:
-    data = {"tracking": {"uri": "http://u:hunter2@h"}, "args": ["--x", "http://h?token=hunter2"], "n": 3}
+    data = {
+        "tracking": {"uri": "http://u:hunter2@h"},
+        "args": ["--x", "http://h?token=hunter2"],
+        "n": 3,
+    }
     assert redact_data(data) == {
-        "tracking": {"uri": "http://***@h"}, "args": ["--x", "http://h?token=***"], "n": 3,
+        "tracking": {"uri": "http://***@h"},
+        "args": ["--x", "http://h?token=***"],
+        "n": 3,
     }
 
 
 def test_log_records_lose_credentials_whoever_logs_them() -> None:
-    record = logging.LogRecord("mlflow", logging.INFO, __file__, 1, "GET %s failed", ("http://u:hunter2@h/x",), None)
+    record = logging.LogRecord(
+        "mlflow", logging.INFO, __file__, 1, "GET %s failed", ("http://u:hunter2@h/x",), None
+    )
     assert RedactingFilter().filter(record)
     assert record.getMessage() == "GET http://***@h/x failed"
 
