@@ -10,26 +10,25 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import re
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import hydra
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
-from hydra.errors import HydraException
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.markup import escape
 
 from runner import shutdown
+from runner.commandline import check_command_line
 from runner.compose import config_dir, to_plain
-from runner.config import build_config, did_you_mean
-from runner.errors import ConfigError, RunnerError
+from runner.config import build_config
+from runner.errors import RunnerError
 from runner.run.pipeline import execute
+from runner.secret import RedactingFilter, redact
 
 log = logging.getLogger("runner")
 
@@ -79,6 +78,7 @@ def app(cfg: DictConfig) -> Any:
     # one console line per window that users read.
     for noisy in ("httpx", "httpcore", "urllib3", "docker", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    redact_logs()
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     shutdown.install()
@@ -100,52 +100,23 @@ def app(cfg: DictConfig) -> Any:
 
 def print_error(err: Console, exc: RunnerError) -> None:
     """The one paragraph a user reads for anything runner refuses or could not do."""
-    err.print(f"[bold red]runner:[/] {escape(str(exc))}", soft_wrap=True)
+    err.print(f"[bold red]runner:[/] {escape(redact(str(exc)))}", soft_wrap=True)
+
+
+def redact_logs() -> None:
+    """Every log handler (console and runner.log) shows URLs without their credentials."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(item, RedactingFilter) for item in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def _in_multirun() -> bool:
     return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
-def check_composes(args: list[str]) -> bool:
-    """Compose the config as Hydra is about to, so that an override Hydra refuses (a
-    mistyped key or option) ends as runner's one paragraph instead of Hydra's report.
-
-    Only for a plain single run: with any Hydra flag (``-m``, ``--cfg``, ``-cn``, ...)
-    Hydra's own handling stays in charge. Returns whether the check ran; raises
-    :class:`ConfigError`.
-    """
-    if any(arg.startswith("-") for arg in args):
-        return False
-    try:
-        with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-            compose(config_name="runner", overrides=args)
-    except HydraException as exc:
-        raise ConfigError(_override_paragraph(exc)) from exc
-    return True
-
-
-def _override_paragraph(exc: Exception) -> str:
-    message = " ".join(str(exc).split("Config search path:")[0].split())
-    cause = str(exc.__cause__ or "")
-    hint = (
-        "`python -m runner --help` lists every group's options and "
-        "`python -m runner --cfg job` every key"
-    )
-    found = re.search(r"Could not override '([^']+)'", message)
-    if found and "not in struct" in cause:
-        named = found.group(1)
-        message = f"'{named}' is not a key runner knows{did_you_mean(named.split('.'))}"
-        hint = "`python -m runner --cfg job` lists every key"
-    return (
-        f"The command line does not compose into a config: {message.rstrip('. ')}. "
-        f"{hint}; nothing was started."
-    )
-
-
 def main() -> None:
     try:
-        check_composes(sys.argv[1:])
+        check_command_line(sys.argv[1:])
     except RunnerError as exc:
         print_error(Console(stderr=True, highlight=False, soft_wrap=True), exc)
         sys.exit(exc.exit_code)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal, get_args
+from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -22,12 +23,14 @@ from pydantic import (
 )
 
 from runner.errors import ConfigError
+from runner.secret import is_env_name, redact
 
 Precision = Literal["fp32", "bf16", "fp16", "fp8", "nvfp4", "nvfp4a16", "int4"]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # inf and nan are refused everywhere: `search.window_s=inf` would never end a window.
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class Hardware(Strict):
@@ -111,6 +114,9 @@ class Engine(Strict):
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0, le=1)
+    # A fixed KV cache size (--kv-cache-memory-bytes); the CPU profile's choice, since
+    # a fraction of node memory moves with the machine (ENVIRONMENT.md, pitfalls).
+    kv_cache_memory_gib: float | None = Field(default=None, gt=0)
     max_model_len: int | None = Field(default=None, ge=1)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool = False
@@ -127,6 +133,18 @@ class Engine(Strict):
     api_key_env: str | None = None
     env: dict[str, str] = Field(default_factory=dict)
     extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _api_key_env_is_a_name(cls, value: str | None) -> str | None:
+        # The value is deliberately left out of the message: it may be the key itself.
+        if value is not None and not is_env_name(value):
+            raise ValueError(
+                "must be the NAME of the environment variable that holds the API key "
+                "(letters, digits and _, e.g. VLLM_API_KEY), never the key itself; the "
+                "value given is not shown"
+            )
+        return value
 
     @field_validator("env", mode="before")
     @classmethod
@@ -265,6 +283,21 @@ class Backend(Strict):
     hf_cache: str | None = None
     on_engine_fault: Literal["stop", "relaunch"] = "stop"
     python: str | None = None
+    # An API key sent over plain http to another host can be read on the way.
+    allow_insecure_key: bool = False
+
+    @field_validator("url")
+    @classmethod
+    def _url_parses(cls, value: str | None) -> str | None:
+        if value is not None:
+            problem = url_problem(value)
+            if problem is None and urlsplit(value).scheme not in ("http", "https"):
+                problem = "needs http:// or https://"
+            if problem is None and not urlsplit(value).hostname:
+                problem = "names no host"
+            if problem:
+                raise ValueError(f"{redact(value)!r} {problem}")
+        return value
 
 
 class Smoke(Strict):
@@ -285,6 +318,13 @@ class Tracking(Strict):
     # How long a busy store (a locked sqlite file, a dropped connection) is retried
     # before what could not be logged waits for the end of the run.
     retry_s: float = Field(default=30.0, ge=0)
+
+    @field_validator("uri")
+    @classmethod
+    def _uri_parses(cls, value: str) -> str:
+        if "://" in value and (problem := url_problem(value)):
+            raise ValueError(f"{redact(value)!r} {problem}")
+        return value
 
 
 class Results(Strict):
@@ -311,6 +351,18 @@ class RunConfig(Strict):
     cache_dir: str = "~/.cache/runner"
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be parsed (an unclosed IPv6 bracket, a port that is no number), or None."""
+    try:
+        _ = urlsplit(url).port  # reading the port is what checks it
+    except ValueError:
+        return (
+            "is not a URL runner can read: check the brackets around an IPv6 address "
+            "(http://[::1]:8000) and that the port is a number"
+        )
+    return None
+
+
 def _as_text(value: Any) -> Any:
     """A scalar as the text a command line or environment holds; anything else as is."""
     if isinstance(value, bool):
@@ -326,7 +378,7 @@ def build_config(data: dict[str, Any]) -> RunConfig:
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         problems = "; ".join(
-            f"{'.'.join(user_path(error['loc']))}: {error['msg']}"
+            f"{'.'.join(_where(error))}: {error['msg']}"
             + (did_you_mean(error["loc"]) if error["type"] == "extra_forbidden" else "")
             for error in exc.errors()
         )
@@ -337,6 +389,15 @@ def build_config(data: dict[str, Any]) -> RunConfig:
         ) from exc
 
 
+def _where(error: Any) -> list[str]:
+    """The key a validation error is about, as a user writes it; a union's unknown or
+    missing ``kind`` is about its ``kind`` key."""
+    path = user_path(error["loc"])
+    if error["type"] in ("union_tag_invalid", "union_tag_not_found"):
+        path.append("kind")
+    return path
+
+
 def known_keys(path: Sequence[str | int]) -> list[str]:
     """The keys runner's schema allows under ``path`` (e.g. ``("engine",)``); [] if none.
 
@@ -345,6 +406,8 @@ def known_keys(path: Sequence[str | int]) -> list[str]:
     """
     models: list[Any] = [RunConfig]
     for part in user_path(path):
+        if part.isdigit():
+            continue  # an item of a list of models, e.g. workload.buckets.0
         models = [
             found
             for model in models
@@ -363,6 +426,7 @@ def user_path(loc: Sequence[str | int]) -> list[str]:
     path: list[str] = []
     for part in loc:
         if isinstance(part, int):
+            path.append(str(part))  # an item of a list, e.g. search.users.0
             continue
         fields = [model.model_fields.get(part) for model in models]
         found = [field for field in fields if field is not None]

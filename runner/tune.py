@@ -22,6 +22,7 @@ from optuna.trial import TrialState
 from rich.console import Console
 
 from runner import shutdown
+from runner.commandline import refuse_secrets
 from runner.compose import config_dir
 from runner.errors import ConfigError, RunnerError
 from runner.run.tune import (
@@ -34,11 +35,14 @@ from runner.run.tune import (
     to_overrides,
     trials_done,
 )
+from runner.secret import redact
 
 log = logging.getLogger("runner")
 
 
 def tune(args: argparse.Namespace) -> int:
+    # Every trial's overrides are logged and stored in the study: no secret among them.
+    refuse_secrets(args.overrides, multirun=True)
     space = parse_space(load_space(args.space) if args.space else DEFAULT_SPACE)
     check_overrides(space, args.overrides)
     results_dir = Path(args.results_dir or f"results/tune/{args.study}").expanduser().resolve()
@@ -111,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return tune(args)
     except RunnerError as exc:
-        err.print(f"runner.tune: {exc}", markup=False)
+        err.print(f"runner.tune: {redact(str(exc))}", markup=False)
         return exc.exit_code
     except KeyboardInterrupt:
         err.print("runner.tune: interrupted; run the same command again to resume the study.")

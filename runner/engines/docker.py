@@ -3,7 +3,9 @@
 The container is started from the image the config pins (pulled by digest when it
 is missing), its API port is published on 127.0.0.1 only, secrets reach it only
 through its environment, and it carries the labels ``runner.run_id`` and
-``runner.config_id`` so that :func:`remove_run_containers` can always find it.
+``runner.config_id`` so that :func:`remove_run_containers` can always find it, and
+``runner.pid`` and ``runner.host`` so that ``runner.doctor --clean`` can tell an
+orphan (its runner is gone) from a container a live run still uses.
 It is stopped and removed on every way out: ``__exit__``, a failed start, SIGTERM
 (turned into ``SystemExit`` so the ``with`` block unwinds) and interpreter exit.
 """
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import re
 import signal
+import socket
 import threading
 import time
 import uuid
@@ -36,11 +40,19 @@ log = logging.getLogger("runner")
 
 LABEL_RUN = "runner.run_id"
 LABEL_CONFIG = "runner.config_id"
+# Which runner process started a container: `python -m runner.doctor --clean` removes
+# containers whose runner is gone (killed by SIGKILL, or its machine rebooted).
+LABEL_PID = "runner.pid"
+LABEL_HOST = "runner.host"
 STOP_TIMEOUT_S = 10
 HEALTH_INTERVAL_S = 1.0
 _NO_GPU_RUNTIME = ("could not select device driver", "nvidia-container-cli", "unknown runtime")
 _live: set[DockerEngine] = set()
 _live_lock = threading.Lock()
+
+
+class DockerUnreachable(EngineStartError):
+    """No Docker engine answers here (a dry run goes on without one)."""
 
 
 def connect() -> Any:
@@ -49,7 +61,7 @@ def connect() -> Any:
         client = docker.from_env()
         client.ping()
     except docker.errors.DockerException as exc:
-        raise EngineStartError(
+        raise DockerUnreachable(
             f"Cannot reach the Docker engine ({exc}). The docker backend needs a running "
             "dockerd that this user may talk to: start it (e.g. `dockerd &` as root) or "
             "set DOCKER_HOST, or choose backend=process."
@@ -119,10 +131,16 @@ def device_requests(gpus: str | None) -> list[DeviceRequest]:
 def remove_run_containers(run_id: str, client: Any = None) -> int:
     """Force-remove every container labelled with ``run_id``; returns how many."""
     client = client or connect()
-    removed = 0
     # A container removed between the listing and its inspection is skipped, not an error.
     labelled = {"label": f"{LABEL_RUN}={run_id}"}
-    for container in client.containers.list(all=True, ignore_removed=True, filters=labelled):
+    containers = client.containers.list(all=True, ignore_removed=True, filters=labelled)
+    return remove_containers(containers)
+
+
+def remove_containers(containers: list[Any]) -> int:
+    """Force-remove ``containers``; one already gone is not an error. Returns how many went."""
+    removed = 0
+    for container in containers:
         try:
             container.remove(force=True)
             removed += 1
@@ -143,6 +161,33 @@ def _remove(container: Any) -> None:
         pass
     except docker.errors.DockerException as exc:
         log.warning("could not remove engine container %s: %s", container.name, exc)
+def owner_labels() -> dict[str, str]:
+    """The labels naming this runner process as a container's owner."""
+    return {LABEL_PID: str(os.getpid()), LABEL_HOST: socket.gethostname()}
+
+
+def run_once(
+    client: Any, image_id: str, purpose: str, timeout_s: float, **options: Any
+) -> tuple[int | None, str]:
+    """Run a throwaway container without network to its end: (exit status, output).
+
+    It is removed whatever happens; Docker's and the wait's errors reach the caller,
+    which says what could not be done.
+    """
+    container = None
+    try:
+        container = client.containers.run(
+            image_id, detach=True, network_disabled=True,
+            labels={"runner.purpose": purpose, **owner_labels()}, **options,
+        )
+        status = container.wait(timeout=timeout_s)
+        return status.get("StatusCode"), container.logs().decode("utf-8", "replace")
+    finally:
+        if container is not None:
+            try:
+                container.remove(force=True)
+            except docker.errors.DockerException:
+                log.warning("could not remove the %s container %s", purpose, container.short_id)
 
 
 def _container_name(config_id: str) -> str:
@@ -273,7 +318,7 @@ class DockerEngine:
             "command": list(plan.argv),
             "name": _container_name(self.config_id),
             "environment": environment,
-            "labels": {LABEL_RUN: self.run_id, LABEL_CONFIG: self.config_id},
+            "labels": {LABEL_RUN: self.run_id, LABEL_CONFIG: self.config_id, **owner_labels()},
             # Docker picks a free host port; the API is never exposed beyond this host.
             "ports": {container_port: ("127.0.0.1", None)},
             "volumes": _volumes(plan.mounts),

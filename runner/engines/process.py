@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -30,6 +31,7 @@ import psutil
 from runner import shutdown
 from runner.engines.base import EngineFault, LaunchPlan, process_fault
 from runner.errors import EngineStartError
+from runner.prepare.launch import HF_TOKEN_VARIABLE, MANAGED_SECRETS, hub_offline
 
 log = logging.getLogger("runner")
 
@@ -91,16 +93,32 @@ def process_tree(pid: int) -> set[int]:
         return set()
 
 
-def secret_values(names: list[str]) -> dict[str, str]:
+def secret_values(names: list[str], source: Mapping[str, str] | None = None) -> dict[str, str]:
     """Read secret environment variables by name; a missing one is a clear error."""
-    missing = [name for name in names if not os.environ.get(name)]
+    source = os.environ if source is None else source
+    missing = [name for name in names if not source.get(name)]
     if missing:
         raise EngineStartError(
             f"The engine needs the secret environment variable(s) {', '.join(missing)}, "
             "which are not set. runner reads secrets only from the environment (never from "
             "config files or the command line): export them before starting the run."
         )
-    return {name: os.environ[name] for name in names}
+    return {name: source[name] for name in names}
+
+
+def engine_environment(plan: LaunchPlan, inherited: Mapping[str, str]) -> dict[str, str]:
+    """The local engine's environment: runner's own, less the secrets the plan does not name.
+
+    A token or key in the user's shell reaches the engine only when the plan asks for
+    it (an HF token only for a model that needs one, on an engine that may go online).
+    """
+    env = {key: value for key, value in inherited.items() if key not in MANAGED_SECRETS}
+    env.update(plan.env)
+    wanted = [
+        name for name in plan.secret_env if not (name == HF_TOKEN_VARIABLE and hub_offline(env))
+    ]
+    env.update(secret_values(wanted, inherited))
+    return env
 
 
 def read_tail(path: Path | None, lines: int) -> str:
@@ -167,9 +185,7 @@ class ProcessEngine:
                 "its engine there. Stop whatever listens on it, or choose another port with "
                 "engine.port=..., or point backend=external at that server if it is the engine."
             )
-        env = dict(os.environ)
-        env.update(self.plan.env)
-        env.update(secret_values(self.plan.secret_env))
+        env = engine_environment(self.plan, os.environ)
         assert self.log_path is not None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         command = [self.python, "-m", SERVER_MODULE, *self.plan.argv]

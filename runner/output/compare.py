@@ -21,13 +21,14 @@ from rich.console import Console
 from rich.table import Table
 
 from runner.errors import TrackingError
-from runner.output.mlflowstore import check_reachable, shown_uri
+from runner.output.mlflowstore import check_reachable
 from runner.output.tracking import (
     BEST_AGGREGATE_TOK_S,
     BEST_MIN_USER_TOK_S,
     BEST_USERS,
     KIND_TAG,
 )
+from runner.secret import redact
 
 UNKNOWN_FAMILY = "unknown"
 
@@ -48,7 +49,7 @@ def compare(tracking_uri: str, experiment: str, family: str | None) -> list[dict
         found = client.get_experiment_by_name(experiment)
         if found is None:
             raise TrackingError(
-                f"MLflow at {shown_uri(tracking_uri)} has no experiment named {experiment!r}. "
+                f"MLflow at {redact(tracking_uri)} has no experiment named {experiment!r}. "
                 "Pass the --experiment that the runs were logged to (tracking.experiment)."
             )
         query = f"tags.`{KIND_TAG}` = 'search'"
@@ -61,7 +62,7 @@ def compare(tracking_uri: str, experiment: str, family: str | None) -> list[dict
         runs = client.search_runs([found.experiment_id], filter_string=query, max_results=50000)
     except MlflowException as exc:
         raise TrackingError(
-            f"Could not read runs from MLflow at {shown_uri(tracking_uri)}: "
+            f"Could not read runs from MLflow at {redact(tracking_uri)}: "
             f"{str(exc).splitlines()[0]}. "
             "Check that the URI points at a reachable server or an existing sqlite file."
         ) from exc

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import requests
@@ -23,6 +22,7 @@ from mlflow.tracking import MlflowClient
 
 from runner.config import Tracking
 from runner.errors import TrackingError
+from runner.secret import redact
 
 log = logging.getLogger("runner")
 
@@ -51,20 +51,10 @@ def check_reachable(uri: str) -> None:
         httpx.get(f"{uri.rstrip('/')}/health", timeout=10.0)
     except httpx.TransportError as exc:
         raise TrackingError(
-            f"The MLflow server at {shown_uri(uri)} does not answer ({exc}). "
+            f"The MLflow server at {redact(uri)} does not answer ({redact(str(exc))}). "
             "Start it (mlflow server), fix tracking.uri, or run with "
             "tracking.enabled=false; the results folder is written either way."
         ) from exc
-
-
-def shown_uri(uri: str) -> str:
-    """The URI without any user:password part, safe to print."""
-    parts = urlsplit(uri)
-    if parts.password is None and parts.username is None:
-        return uri
-    host = parts.hostname or ""
-    netloc = f"***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -110,7 +100,7 @@ def experiment_id(client: MlflowClient, tracking: Tracking) -> str:
             log.debug("experiment %s was created by a parallel job (%s)", tracking.experiment, exc)
     if experiment.lifecycle_stage == "deleted":
         raise TrackingError(
-            f"The MLflow experiment {tracking.experiment!r} at {shown_uri(tracking.uri)} was "
+            f"The MLflow experiment {tracking.experiment!r} at {redact(tracking.uri)} was "
             "deleted. MLflow keeps the name reserved until it is purged; restore it "
             "(mlflow experiments restore) or choose another with tracking.experiment=NAME."
         )
@@ -118,9 +108,9 @@ def experiment_id(client: MlflowClient, tracking: Tracking) -> str:
 
 
 def _paragraph(tracking: Tracking, action: str, exc: BaseException) -> TrackingError:
-    detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = redact(str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
     return TrackingError(
-        f"Could not {action} in MLflow at {shown_uri(tracking.uri)} "
+        f"Could not {action} in MLflow at {redact(tracking.uri)} "
         f"(experiment {tracking.experiment!r}): {detail}. Check that tracking.uri points "
         "at a reachable server or a writable sqlite file, or run with "
         "tracking.enabled=false; the results folder is written either way."

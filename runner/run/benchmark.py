@@ -28,6 +28,7 @@ from runner.output.tracking import Tracker
 from runner.run.context import RunContext, engine_api_key
 from runner.run.session import EngineSession
 from runner.run.summary import RunSummary
+from runner.secret import redact
 from runner.workload.context_mix import load_tokenizer, write_workload
 from runner.workload.prompt import Prompt
 from runner.workload.sharegpt import build_sharegpt_prompts, load_sharegpt
@@ -135,7 +136,7 @@ def run_benchmark(
     console.print(
         f"config_id={context.config_id} run_id={context.run_id} family={context.family}\n"
         f"results: {context.results_dir / BENCHMARK_NAME}  MLflow: "
-        f"{config.tracking.uri if config.tracking.enabled else 'disabled'}",
+        f"{redact(config.tracking.uri) if config.tracking.enabled else 'disabled'}",
         markup=False,
         highlight=False,
         soft_wrap=True,

@@ -33,6 +33,7 @@ from runner.run.session import MAX_RELAUNCHES, EngineSession
 from runner.run.summary import RunSummary
 from runner.search.history import search_history
 from runner.search.policy import Observation, SearchParams, decide, next_step
+from runner.secret import redact
 from runner.smoke import run_smoke
 from runner.workload.context_mix import build_prompts, load_tokenizer, write_workload
 from runner.workload.prompt import Prompt
@@ -260,5 +261,5 @@ def print_summary(console: Console, context: RunContext, summary: RunSummary) ->
         f"(floor {summary.floor_tok_s}) config_id={context.config_id} run_id={context.run_id} "
         f"windows={summary.windows} engine_minutes={summary.engine_minutes}\n"
         f"results: {summary.results_dir}/results.jsonl  report: {summary.results_dir}/report.md  "
-        f"MLflow: {context.config.tracking.uri if context.config.tracking.enabled else 'disabled'}"
+        f"MLflow: {redact(context.config.tracking.uri) if context.config.tracking.enabled else 'disabled'}"
     )

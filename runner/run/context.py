@@ -15,14 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from runner.config import RunConfig
 from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError, ResultsError
 from runner.output.tracking import config_tags
 from runner.prepare import flags, identity, launch, validate
+from runner.prepare.host import machine_memory
 from runner.prepare.modelref import ResolvedModel, resolve_revision
 from runner.prepare.tinymodel import definition_hash, ensure_tiny_model
+from runner.prepare.torchstack import check_companions
 from runner.run.resume import resume_folder
+from runner.secret import redact_data
 
 log = logging.getLogger("runner")
 
@@ -46,20 +51,16 @@ class RunContext:
         return Path(self.config.cache_dir).expanduser()
 
     def write_manifest(self) -> Path:
-        """Write manifest.json whole (through a temporary file that never stays behind)."""
+        """Write manifest.json, and config.yaml: the validated config as runner read it.
+
+        Hydra's own copy (.hydra/) is switched off in conf/runner.yaml because Hydra
+        writes it before runner has validated anything, so a refused secret would be
+        on disk already; both files here are written after validation, redacted.
+        """
         path = self.results_dir / "manifest.json"
-        tmp = path.with_suffix(".json.tmp")
-        try:
-            tmp.write_text(json.dumps(self.manifest, indent=2, sort_keys=True, default=str))
-            os.replace(tmp, path)
-        except OSError as exc:
-            raise ResultsError(
-                f"The run's manifest could not be written to {path} ({exc}). Free disk "
-                "space or fix the folder's permissions (results.dir), then resume the run "
-                "with its run_id; rows already written are intact."
-            ) from exc
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomically(path, json.dumps(redact_data(self.manifest), indent=2, sort_keys=True, default=str))
+        resolved = redact_data(self.config.model_dump(mode="json"))
+        write_atomically(self.results_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
         return path
 
     def tracking_tags(self) -> dict[str, str]:
@@ -76,9 +77,26 @@ class RunContext:
         }
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` whole through a temporary file that never stays behind; a failure
+    is one paragraph (rows already written are intact)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ResultsError(
+            f"{path.name} could not be written to {path.parent} ({exc}). Free disk space or "
+            "fix the folder's permissions (results.dir), then resume the run with its "
+            "run_id; rows already written are intact."
+        ) from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
     """Validate, pin the model revision and name the run; raises ConfigError early."""
-    warnings = validate.validate(config)
+    warnings = validate.validate(config, machine_memory())
     config, resolved = pin_model(config, warnings)
     config_id = identity.config_id(config)
     run_id = config.run_id or identity.new_run_id(config)
@@ -191,6 +209,8 @@ def check_engine_flags(context: RunContext, plan: LaunchPlan) -> str:
     if config.backend.kind == "external":
         return "unchecked (backend=external: runner does not launch the engine)"
     if config.backend.kind == "process":
+        # Before --help=all, which a torchvision built for another torch already breaks.
+        check_companions(config.backend.python or sys.executable, flags_cache)
         supported = flags.local_supported_flags(config.backend.python or sys.executable, flags_cache)
         flags.check_flags(plan.argv, supported, "the local vLLM")
         return "checked against the local vLLM's --help=all"

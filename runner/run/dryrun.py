@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 
 from runner.engines.base import LaunchPlan
+from runner.engines.docker import DockerUnreachable
 from runner.errors import EngineError, PreflightError
 from runner.prepare import launch
 from runner.run.context import RunContext, check_engine_flags
@@ -14,8 +15,16 @@ from runner.run.summary import RunSummary
 def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> RunSummary:
     """Print the exact launch plan and exit: nothing is started."""
     config = context.config
+    digest_state = ""
     try:
         flags_state = check_engine_flags(context, plan)
+    except DockerUnreachable as exc:
+        # A plan is worth reading on a laptop without dockerd; the run itself checks both.
+        flags_state = digest_state = (
+            "unchecked: no Docker engine answers here, and only the image can say which "
+            "flags it accepts and whether its digest is present; a run checks both before "
+            f"anything starts ({exc.__cause__ or exc})"
+        )
     except EngineError:
         raise
     except (OSError, PreflightError) as exc:
@@ -26,6 +35,8 @@ def dry_run(context: RunContext, plan: LaunchPlan, console: Console) -> RunSumma
         console.print("\nequivalent command:\n" + line, markup=False, highlight=False, soft_wrap=True)
     if config.backend.kind == "docker":
         pin = "pinned" if config.image.pinned else "UNPINNED (results would be tagged unpinned)"
+        if digest_state:
+            pin += " (digest unchecked: no Docker engine here)"
     else:
         pin = f"not used (backend={config.backend.kind})"
     console.print(

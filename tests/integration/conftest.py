@@ -20,6 +20,10 @@ from runner.measure.sampler import metrics_client, wait_idle_async
 from runner.prepare.tinymodel import ensure_tiny_model
 
 TINY_CONTEXT = 4096
+# A fixed KV cache (1 GiB: about a million tiny-model tokens). A fraction such as
+# --gpu-memory-utilization 0.1 is a share of NUMA node 0, which on these VMs starts
+# small and grows, so it fails on a fresh machine (ENVIRONMENT.md, pitfalls).
+KV_CACHE_ARGS = ["--kv-cache-memory-bytes", str(2**30)]
 
 
 def free_port(start: int) -> int:
@@ -71,7 +75,7 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
             "--model", str(tiny_model_dir),
             "--served-model-name", "tiny",
             "--load-format", "dummy",
-            "--gpu-memory-utilization", "0.1",
+            *KV_CACHE_ARGS,
             "--max-model-len", str(TINY_CONTEXT),
             "--max-num-seqs", "256",
             "--no-enable-prefix-caching",

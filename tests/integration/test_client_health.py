@@ -28,7 +28,7 @@ from runner.measure.transport import Endpoint, StreamConnection
 from runner.output.console import console_line
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
-from tests.integration.conftest import TINY_CONTEXT, Server, free_port, wait_idle
+from tests.integration.conftest import KV_CACHE_ARGS, TINY_CONTEXT, Server, free_port, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -130,7 +130,7 @@ def lumped_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
             "--model", str(tiny_model_dir),
             "--served-model-name", "tiny-lumped",
             "--load-format", "dummy",
-            "--gpu-memory-utilization", "0.1",
+            *KV_CACHE_ARGS,
             "--max-model-len", str(TINY_CONTEXT),
             "--max-num-seqs", "16",
             "--stream-interval", str(STREAM_INTERVAL),

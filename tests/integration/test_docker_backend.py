@@ -23,6 +23,7 @@ from runner.prepare.flags import check_flags, image_present, local_supported_fla
 from runner.prepare.launch import build_launch_plan
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
+from tests.integration.conftest import KV_CACHE_ARGS
 
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
 TINY_CONTEXT = 4096
@@ -181,7 +182,7 @@ def test_engine_serves_then_a_killed_container_is_a_fault_and_nothing_is_left(
             "--model", "/models/tiny",
             "--served-model-name", "tiny",
             "--load-format", "dummy",
-            "--gpu-memory-utilization", "0.1",
+            *KV_CACHE_ARGS,
             "--max-model-len", str(TINY_CONTEXT),
             "--host", "0.0.0.0",
             "--port", "8000",

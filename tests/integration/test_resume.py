@@ -33,7 +33,7 @@ def read_rows(folder: Path) -> list[dict]:
 
 
 def run_folders(root: Path) -> list[Path]:
-    return sorted(path.parent for path in root.glob("*/.hydra"))
+    return sorted(path.parent for path in root.glob("*/config.yaml"))
 
 
 def wait_until_idle(base_url: str, timeout_s: float = 120.0) -> None:

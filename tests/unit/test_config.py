@@ -10,7 +10,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from runner.cli import check_composes
+from runner.cli import check_command_line
 from runner.config import RunConfig, build_config, known_keys
 from runner.errors import ConfigError
 from runner.prepare.validate import validate
@@ -48,7 +48,7 @@ def test_the_default_is_the_cpu_run() -> None:
     config = compose_config()
     assert config.hw is None
     assert (config.model.name, config.engine.name, config.backend.kind) == ("tiny", "cpu", "process")
-    assert validate(config) == []
+    validate(config)
 
 
 @pytest.mark.parametrize("profile", HW_PROFILES)
@@ -140,7 +140,7 @@ def test_an_override_hydra_refuses_becomes_one_paragraph(override: str, words: l
     """A key mistyped without ``+`` never reaches the schema: Hydra refuses it while
     composing. The entry point composes first and says so in runner's own words."""
     with pytest.raises(ConfigError) as caught:
-        check_composes([override, "dry_run=true"])
+        check_command_line([override, "dry_run=true"])
     message = str(caught.value)
     assert "\n" not in message and message.endswith("nothing was started.")
     for word in words:
@@ -148,9 +148,18 @@ def test_an_override_hydra_refuses_becomes_one_paragraph(override: str, words: l
 
 
 def test_hydra_flags_and_valid_overrides_pass_the_composition_check() -> None:
-    assert check_composes(["+hw=rtx5090", "kv=nvfp4", "hydra.run.dir=/tmp/x", "dry_run=true"])
-    # multirun: Hydra reports a mistyped key itself, so runner's check stands aside
-    assert check_composes(["-m", "engine.max_num_seq=4,5"]) is False
+    check_command_line(["+hw=rtx5090", "kv=nvfp4", "hydra.run.dir=/tmp/x", "dry_run=true"])
+    check_command_line(["-m", "engine.max_num_seqs=4,5", "hydra/launcher=joblib"])
+    check_command_line(["--config-dir", "sweeps", "--config-name", "max_num_seqs", "+hw=h200"])
+    check_command_line(["--cfg", "job", "engine.max_num_seq=4"])  # Hydra's own report
+
+
+def test_a_multirun_is_composed_once_per_swept_value() -> None:
+    """A mistyped key or option in a sweep is refused before Hydra launches any job."""
+    with pytest.raises(ConfigError, match="did you mean engine.max_num_seqs"):
+        check_command_line(["-m", "engine.max_num_seq=4,5"])
+    with pytest.raises(ConfigError, match="kv/nvfp5"):
+        check_command_line(["-m", "kv=auto,nvfp5"])
 
 
 def test_nvfp4_kv_on_h200_is_refused() -> None:
@@ -180,7 +189,7 @@ def test_a_measured_gpu_run_needs_a_pinned_image_and_revision() -> None:
         "image.digest=sha256:" + "ab" * 32,
         "model.revision=" + "0123456789abcdef" * 2 + "01234567",
     )
-    assert validate(pinned) == []
+    validate(pinned)
 
 
 def test_engine_arguments_and_environment_are_text_as_typed_on_the_command_line() -> None:
@@ -207,3 +216,79 @@ def compose_plain(*overrides: str) -> dict:
     plain = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(plain, dict)
     return plain
+@pytest.mark.parametrize(
+    ("overrides", "words"),
+    [
+        (("search=fixed", "search.users=[0]"), ["search.users.0", "greater than or equal to 1"]),
+        (("search=fixed", "search.users=[4,-2]"), ["search.users.1"]),
+        (("search.start_users=-1",), ["search.start_users"]),
+        (("search.window_s=inf",), ["search.window_s", "finite"]),
+        (("search.warmup_s=nan",), ["search.warmup_s", "finite"]),
+        (("slo.min_user_tok_s=nan",), ["slo.min_user_tok_s", "finite"]),
+        (("slo.min_user_tok_s=inf",), ["slo.min_user_tok_s", "finite"]),
+        (("workload.request_timeout_s=inf",), ["workload.request_timeout_s"]),
+        (("backend=external", "backend.url='http://[::1'"), ["backend.url", "IPv6"]),
+        (("backend=external", "backend.url='http://h:port'"), ["backend.url", "port"]),
+        (("backend=external", "backend.url=ftp://h"), ["backend.url", "http"]),
+        (("tracking.uri='http://u:hunter2@[::1'",), ["tracking.uri", "***"]),
+    ],
+)
+def test_bad_values_are_refused_by_the_schema_before_anything_starts(
+    overrides: tuple[str, ...], words: list[str]
+) -> None:
+    """Issue 8: users=[0] reached the engine and ended in a traceback; inf never ends a window."""
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*overrides)
+    message = str(caught.value)
+    assert "\n" not in message and "hunter2" not in message
+    for word in words:
+        assert word in message, message
+
+
+# One key per group (and top-level value) with a value of the wrong type.
+WRONG_TYPE = {
+    "image": "image.allow_unpinned=maybe", "model": "model.max_context=huge",
+    "kv": "kv.cache_dtype=fp16", "engine": "engine.max_num_seqs=many",
+    "workload": "workload.max_tokens=-5", "search": "search.kind=binary",
+    "backend": "backend.on_engine_fault=retry", "tracking": "tracking.enabled=sometimes",
+    "slo": "slo.audit_tolerance_pct=0", "smoke": "smoke.memory_repeats=1",
+    "hw": "hw.count=0", "run": "dry_run=perhaps",
+}
+
+
+@pytest.mark.parametrize("group", sorted(WRONG_TYPE))
+def test_every_group_refuses_a_value_of_the_wrong_type(group: str) -> None:
+    overrides = ("+hw=h200", WRONG_TYPE[group]) if group == "hw" else (WRONG_TYPE[group],)
+    with pytest.raises(ConfigError) as caught:
+        compose_config(*overrides)
+    key = WRONG_TYPE[group].split("=")[0]
+    assert key in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("group", [*GROUPS, "slo", "smoke", "results"])
+def test_every_group_refuses_an_unknown_key(group: str) -> None:
+    """Without `+` Hydra refuses it while composing; with `+` runner's schema does."""
+    with pytest.raises(ConfigError, match="no_such_key"):
+        check_command_line([f"{group}.no_such_key=1"])
+    with pytest.raises(ConfigError, match="no_such_key"):
+        compose_config(f"+{group}.no_such_key=1")
+
+
+def test_a_missing_config_dir_and_a_malformed_option_file_are_one_paragraph(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="--config-dir") as caught:
+        check_command_line(["--config-dir", str(tmp_path / "missing"), "dry_run=true"])
+    assert str(tmp_path / "missing") in str(caught.value)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "broken.yaml").write_text("name: broken\nrepo: [unclosed\n")
+    with pytest.raises(ConfigError) as caught:
+        check_command_line(["--config-dir", str(tmp_path), "model=broken"])
+    message = str(caught.value)
+    assert "not valid YAML" in message and "broken.yaml" in message and "line 2" in message
+
+
+def test_a_sweep_without_a_multirun_is_named_and_a_sweep_file_needs_no_flag() -> None:
+    with pytest.raises(ConfigError, match="engine.max_num_seqs names several values"):
+        check_command_line(["engine.max_num_seqs=32,64"])
+    # sweeps/*.yaml set hydra.mode: MULTIRUN themselves
+    sweeps = str(CONF.parent / "sweeps")
+    check_command_line(["--config-dir", sweeps, "--config-name", "max_num_seqs", "engine.max_num_seqs=32,64"])

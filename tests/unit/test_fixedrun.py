@@ -176,7 +176,7 @@ def benchmark_config(tmp_path: Path, **workload: Any) -> RunConfig:
 
 def refusal(config: RunConfig) -> str:
     with pytest.raises(ConfigError) as caught:
-        validate(config)
+        assert validate(config) == []
     return str(caught.value)
 
 

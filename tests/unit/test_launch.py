@@ -165,7 +165,10 @@ def test_seed_000_dgx_spark_nvfp4_launch() -> None:
     assert ours["--served-model-name"] == served
     assert (ours["--kv-cache-dtype"], ours["--tensor-parallel-size"]) == ("auto", "1")
     assert plan.image == "vllm/vllm-openai:cu130-nightly"
-    assert plan.secret_env == ["HF_TOKEN"]
+    # Seed 000 passes -e HF_TOKEN; runner's container reads the mounted cache with the
+    # hub offline, where a token is never used, so the token stays home (issue 8).
+    assert config.model.needs_hf_token and plan.env["HF_HUB_OFFLINE"] == "1"
+    assert plan.secret_env == []
     line = docker_run_line(plan, config.backend)
     assert "--ipc=host" in line and "--shm-size" not in line
     assert "-p 127.0.0.1:8000:8000" in line and "--gpus 1" in line
@@ -189,7 +192,9 @@ def test_the_cpu_default_launches_a_local_process() -> None:
     assert plan.argv[:2] == ["--model", "/cache/tiny"]
     assert plan.argv[-1] == "--enforce-eager"  # extra_args come last
     assert (ours["--load-format"], ours["--port"], ours["--host"]) == ("dummy", "8011", "127.0.0.1")
-    assert same(ours["--gpu-memory-utilization"], "0.1")
+    # A fixed KV size, not a fraction of a NUMA node that grows (ENVIRONMENT.md pitfalls).
+    assert ours["--kv-cache-memory-bytes"] == str(2 * 2**30)
+    assert "--gpu-memory-utilization" not in ours
     assert "--no-enable-prefix-caching" in ours
     assert (plan.image, plan.gpus, plan.mounts, plan.env) == (None, None, [], {})
     with pytest.raises(ValueError):
@@ -233,9 +238,12 @@ def test_no_secret_value_reaches_a_plan(
     if plan.image is not None:
         shown.append(docker_run_line(plan, config.backend))
     assert not any("sentinel" in text for text in shown)
-    assert plan.secret_env == ["VLLM_API_KEY", "HF_TOKEN"]
+    # The token goes only to an engine that may reach the hub: not a container, whose
+    # hub is kept offline.
+    online = plan.image is None
+    assert plan.secret_env == (["VLLM_API_KEY", "HF_TOKEN"] if online else ["VLLM_API_KEY"])
     assert "--api-key" not in plan.argv
-    assert "VLLM_API_KEY" in render_plan(plan) and "HF_TOKEN" in render_plan(plan)
+    assert all(f"secret:  {name}" in render_plan(plan) for name in plan.secret_env)
 
 
 def test_a_dry_run_shows_an_unpinned_image_as_such() -> None:
@@ -251,3 +259,46 @@ def test_a_generated_model_in_a_container_mounts_no_hub_cache() -> None:
     plan = build_launch_plan(config, model_path="/models/tiny", host="0.0.0.0")
     assert plan.image == "local/vllm-cpu:0.32.0"
     assert plan.mounts == [] and plan.gpus is None
+
+
+def every_field_set(config: RunConfig) -> RunConfig:
+    """``config`` with every optional model and engine field given a value, so that
+    the plan emits every flag runner can emit."""
+    model = config.model.model_copy(update={
+        "quantization": "fp8", "trust_remote_code": True, "mamba_ssm_cache_dtype": "float32",
+        "reasoning_parser": "r", "tool_call_parser": "t",
+    })
+    engine = config.engine.model_copy(update={
+        "max_num_seqs": 8, "max_num_batched_tokens": 512, "gpu_memory_utilization": 0.5,
+        "kv_cache_memory_gib": 1.0, "max_model_len": 1024, "enable_chunked_prefill": True,
+        "enable_expert_parallel": True, "async_scheduling": True, "generation_config": "vllm",
+        "long_prefill_token_threshold": 64, "max_num_partial_prefills": 2,
+        "max_long_partial_prefills": 1, "load_format": "dummy", "enable_prefix_caching": True,
+    })
+    return config.model_copy(update={"model": model, "engine": engine})
+
+
+@pytest.mark.parametrize("overrides", [(), ("+hw=h200x2",), ("engine.enable_chunked_prefill=false",)])
+def test_every_flag_runner_emits_is_owned_by_a_typed_field(overrides: tuple[str, ...]) -> None:
+    """So engine.extra_args can never set one behind config_id (issue 8)."""
+    from runner.prepare.flags import argv_flags
+    from runner.prepare.launch import TYPED_FLAGS
+
+    config = every_field_set(compose_config(*overrides))
+    plan = build_launch_plan(config, model_path="/m", host="127.0.0.1")
+    assert set(argv_flags(plan.argv)) - set(TYPED_FLAGS) == set()
+
+
+def test_a_kv_cache_size_in_gib_is_emitted_as_the_integer_bytes_vllm_reads() -> None:
+    config = compose_config("engine.kv_cache_memory_gib=1.5")
+    ours = flags(build_launch_plan(config, model_path="m", host="127.0.0.1").argv)
+    assert ours["--kv-cache-memory-bytes"] == "1610612736"
+
+
+def test_an_hf_token_goes_only_to_an_engine_that_may_reach_the_hub() -> None:
+    online = compose_config("model.needs_hf_token=true")
+    assert build_launch_plan(online, model_path="m", host="h").secret_env == ["HF_TOKEN"]
+    offline = compose_config("model.needs_hf_token=true", "+engine.env.HF_HUB_OFFLINE=1")
+    assert build_launch_plan(offline, model_path="m", host="h").secret_env == []
+    unneeded = compose_config()
+    assert build_launch_plan(unneeded, model_path="m", host="h").secret_env == []

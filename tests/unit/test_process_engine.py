@@ -54,3 +54,20 @@ def test_the_engine_leads_its_own_group_inside_runners_session() -> None:
     finally:
         parent.kill()
         parent.wait(timeout=10)
+
+
+def test_the_engine_inherits_no_secret_its_plan_does_not_name() -> None:
+    """A token exported in the user's shell reaches the engine only when the model needs
+    it and the engine may go online (issue 8)."""
+    from runner.engines.base import LaunchPlan
+    from runner.engines.process import engine_environment
+
+    shell = {"PATH": "/usr/bin", "HF_TOKEN": "hf_planted", "HUGGING_FACE_HUB_TOKEN": "hf_old",
+             "VLLM_API_KEY": "sk-planted"}
+    plain = engine_environment(LaunchPlan(image=None, argv=[]), shell)
+    assert plain == {"PATH": "/usr/bin"}
+    needs = LaunchPlan(image=None, argv=[], secret_env=["HF_TOKEN", "VLLM_API_KEY"])
+    assert engine_environment(needs, shell)["HF_TOKEN"] == "hf_planted"
+    offline_shell = {**shell, "HF_HUB_OFFLINE": "1"}
+    kept_home = engine_environment(needs, offline_shell)
+    assert "HF_TOKEN" not in kept_home and kept_home["VLLM_API_KEY"] == "sk-planted"
