@@ -2,9 +2,10 @@
 
 SIGTERM (a scheduler, ``docker stop``, ``kill``) and SIGHUP (a closed terminal or SSH
 session) unwind like Ctrl-C: every context manager on the way out stops its engine
-and the rows already written stay. While an engine is being stopped and removed, a
-second signal is held back until the teardown is done, so an impatient second Ctrl-C
-cannot leave a container holding the GPUs or a process holding the port.
+and the rows already written stay. While a run tears down (its engine stopped and
+removed, its records and MLflow status written), a second signal is held back until
+the teardown is done, so an impatient second Ctrl-C cannot leave a container holding
+the GPUs, a process holding the port, or a run marked RUNNING forever.
 """
 
 from __future__ import annotations

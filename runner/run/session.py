@@ -147,6 +147,17 @@ class EngineSession:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        # A second Ctrl-C or SIGTERM waits until the engine is gone and the run's
+        # records and MLflow status are written (runner.shutdown).
+        with shutdown.shielded():
+            self._close(exc_type, exc, traceback)
+
+    def _close(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self._stop_engine(exc_type, exc, traceback)
         status: Status = "FINISHED"
         if exc_type is not None:
