@@ -10,17 +10,15 @@ tokenizer's training reaches, so the synthetic part of the vocabulary is sampled
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from runner.prepare.generated import ARCHITECTURE
 from tests.integration.conftest import free_port
+from tests.integration.runs import run, runner_command
 
-REPO = Path(__file__).resolve().parents[2]
 VOCAB_SIZE = 6000
 
 pytestmark = pytest.mark.integration
@@ -35,25 +33,13 @@ def generated_run(
     hf_config.write_text(
         json.dumps(dict(ARCHITECTURE, vocab_size=VOCAB_SIZE, max_position_embeddings=8192))
     )
-    uri = f"sqlite:///{work}/mlflow.db"
-    done = subprocess.run(
-        [
-            sys.executable, "-m", "runner",
-            "model=dummy", f"model.hf_config={hf_config}", "model.max_context=4096",
-            "search=fixed", "search.users=[2]", "search.window_s=4", "search.warmup_s=1",
-            "smoke.memory_repeats=2",
-            f"results.dir={work}/results", f"tracking.uri={uri}",
-            f"tracking.artifact_root={work}/artifacts", f"cache_dir={cache_dir}",
-            "run_id=generated-dummy", f"engine.port={free_port(8460)}",
-        ],  # fmt: skip
-        cwd=REPO,
-        env=dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200"),
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
-    return done, work, uri
+    overrides = [
+        "model=dummy", f"model.hf_config={hf_config}", "model.max_context=4096",
+        "search.users=[2]", "search.window_s=4", "smoke.memory_repeats=2",
+        f"engine.port={free_port(8460)}",
+    ]  # fmt: skip
+    done = run(runner_command(work, cache_dir, "generated-dummy", *overrides))
+    return done, work, f"sqlite:///{work}/mlflow.db"
 
 
 def test_the_generated_model_passes_the_smoke_chat_check(generated_run) -> None:
