@@ -174,8 +174,10 @@ def load_architecture(config: RunConfig) -> RunConfig:
 def full_vocab_tokenizer(vocab_size: int) -> Tokenizer:
     """A byte-level BPE with exactly ``vocab_size`` tokens, each decoding to non-empty text.
 
-    The trained merges tokenize prompt text as before; the synthetic ones only make
-    every ID an architecture can sample a piece of printable text.
+    The trained merges tokenize prompt text; the synthetic ones make every ID an
+    architecture can sample a piece of printable text. A synthetic merge may also join
+    two pieces of a prompt's word, which only changes the count the workload takes
+    from this same tokenizer.
     """
     if vocab_size < MIN_VOCAB_SIZE:
         raise ConfigError(
