@@ -260,7 +260,7 @@ def main() -> None:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from runner.prepare.tinymodel import ensure_tiny_model
+    from runner.prepare.generated import ensure_tiny_model
 
     tokenizer = ensure_tiny_model(Path("~/.cache/runner"), 4096)
     server = Nginx(args.tokens, args.tok_s)

@@ -95,6 +95,10 @@ class Model(Strict):
     tool_call_parser: str | None = None
     mamba_ssm_cache_dtype: str | None = None
     generated: bool = False
+    # A generated model's Hugging Face config.json: the architecture vLLM builds with random
+    # weights. None: runner's built-in tiny Llama. ``hf_config`` names a file that replaces it.
+    architecture: dict[str, Any] | None = None
+    hf_config: str | None = None
     # The engine gets the user's HF_TOKEN (by name; the value never leaves their environment).
     needs_hf_token: bool = False
 

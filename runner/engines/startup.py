@@ -15,11 +15,17 @@ from runner.config import RunConfig
 from runner.errors import PrecisionMismatch
 
 _NUMBER = r"([0-9][0-9,]*(?:\.[0-9]+)?)"
+# vLLM 0.32 logs "Model loading took X GiB memory and Y seconds"; 0.26's GPU model
+# runner (tests/unit/data, the H200 logs) drops the word "memory".
+_LOADING = rf"Model loading took {_NUMBER} GiB(?: memory)? and {_NUMBER} seconds"
+_CONCURRENCY = rf"Maximum concurrency for {_NUMBER} tokens per request: {_NUMBER}x"
 _PATTERNS: dict[str, tuple[str, ...]] = {
     "kv_cache_size_tokens": (rf"(?:GPU|CPU) KV cache size: {_NUMBER} tokens",),
-    "max_concurrency": (rf"Maximum concurrency for {_NUMBER} tokens per request: {_NUMBER}x",),
-    "weights_gib": (rf"Model loading took {_NUMBER} GiB memory",),
-    "weights_load_s": (rf"Model loading took {_NUMBER} GiB memory and {_NUMBER} seconds",),
+    "kv_cache_gib": (rf"Available KV cache memory: {_NUMBER} GiB",),
+    "max_concurrency": (_CONCURRENCY,),
+    "max_concurrency_request_tokens": (_CONCURRENCY,),
+    "weights_gib": (_LOADING,),
+    "weights_load_s": (_LOADING,),
     "graph_capture_s": (rf"Graph capturing finished in {_NUMBER} secs",),
     "graph_capture_gib": (rf"Graph capturing finished in {_NUMBER} secs, took {_NUMBER} GiB",),
     "torch_compile_s": (rf"torch\.compile took {_NUMBER} s in total",),
@@ -53,6 +59,12 @@ def parse_startup_log(text: str) -> dict[str, Any]:
             if found:
                 facts[f"engine_{field}"] = found.group(1).strip().strip("'")
     return facts
+
+
+def facts_from_version(answer: dict[str, Any]) -> dict[str, Any]:
+    """The vLLM version from the server's ``GET /version`` (an external engine has no log)."""
+    version = answer.get("version")
+    return {"vllm_version": str(version)} if version else {}
 
 
 def facts_from_cache_config(labels: dict[str, str]) -> dict[str, Any]:

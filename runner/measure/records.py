@@ -10,7 +10,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from runner.engines.base import EngineFault
 from runner.measure.metrics import EngineMetrics
@@ -92,6 +92,24 @@ class WindowMeasurement:
     end_read_s: float = 0.0
 
 
+PowerSource = Literal["energy", "samples"]
+
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """One GPU over one window. ``power_source`` says how its power was measured:
+    ``energy`` (NVML's energy counter over the window) or ``samples`` (the mean of
+    the 1 Hz power reads, where the counter is unsupported)."""
+
+    gpu: int
+    util_avg_pct: float | None
+    power_avg_w: float | None
+    power_source: PowerSource | None
+    energy_j: float | None = None
+    memory_used_max_gib: float | None = None
+    temperature_max_c: float | None = None
+
+
 @dataclass(frozen=True)
 class TelemetrySummary:
     """GPU telemetry over one window; ``None`` figures mean unavailable, not zero."""
@@ -101,6 +119,9 @@ class TelemetrySummary:
     power_avg_w: float | None
     samples: list[dict[str, Any]] = field(default_factory=list)
     throttled: bool = False
+    # "energy" only when every GPU's power came from its energy counter.
+    power_source: PowerSource | None = None
+    gpus: list[GpuFigures] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

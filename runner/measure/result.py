@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from runner.engines.base import EngineFault
 from runner.measure.gates import OfferedLoad
-from runner.measure.records import ClientHealth
+from runner.measure.records import ClientHealth, GpuFigures, PowerSource
 from runner.measure.streams import StreamSummary
 
 
@@ -110,6 +110,9 @@ class WindowDetail:
     client: ClientHealth | None = None
     engine_fault: EngineFault | None = None
     telemetry_throttled: bool | None = None
+    # Each GPU's own figures, and how the row's power_avg_w was measured.
+    gpus: list[GpuFigures] = field(default_factory=list)
+    power_source: PowerSource | None = None
     errors: list[str] = field(default_factory=list)
     # Streamed token IDs against the server's own usage count, per request.
     usage_mismatches: int = 0

@@ -237,6 +237,8 @@ def summarize_window(
         client=client,
         engine_fault=m.engine_fault,
         telemetry_throttled=telemetry.throttled if telemetry else None,
+        gpus=list(telemetry.gpus) if telemetry else [],
+        power_source=telemetry.power_source if telemetry else None,
         errors=[r.error for r in failed[:20] if r.error is not None],
         usage_mismatches=sum(
             1

@@ -28,6 +28,7 @@ from runner.output.tracking import (
     BEST_USERS,
     KIND_TAG,
 )
+from runner.prepare.identity import DUMMY_WEIGHTS
 from runner.secret import redact
 
 UNKNOWN_FAMILY = "unknown"
@@ -100,7 +101,10 @@ def render_compare(rows: Sequence[dict[str, Any]]) -> str:
     buffer = io.StringIO()
     console = Console(file=buffer, width=120, color_system=None, force_terminal=False)
     for family in sorted(by_family):
-        table = Table(title=f"family: {family}", title_justify="left")
+        caption = None
+        if family.startswith(DUMMY_WEIGHTS):
+            caption = "random weights (--load-format dummy): compute of the architecture, not a checkpoint's"
+        table = Table(title=f"family: {family}", title_justify="left", caption=caption)
         for column in (
             "config_id",
             "run_id",

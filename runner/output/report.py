@@ -29,6 +29,7 @@ Keys of ``summary`` (every one optional; a missing or ``None`` value prints
 ``ttft_p99_ms``            worst TTFT p99 over the windows at N
 ``request_latency_p99_ms`` worst request latency p99 over the windows at N
 ``engine_minutes``         minutes the engine ran for this search
+``caveats``                sentences a reader must know first (e.g. random weights)
 =========================  ===========================================================
 
 The five figures at N are taken from the summary when given; otherwise they are
@@ -85,6 +86,8 @@ def render_report(
         "",
     ]
     lines += [f"- **{name}:** {value}" for name, value in facts]
+    if summary.get("caveats"):
+        lines += ["", "## Caveats", "", *[f"- {caveat}" for caveat in summary["caveats"]]]
     if summary.get("best_users") is None:
         lines += ["", "No concurrency met the floor in every window: there is no valid optimum."]
     lines += ["", "## Windows", "", *_window_table(rows, details)]

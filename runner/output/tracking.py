@@ -44,6 +44,7 @@ from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowResult
 from runner.output.mlflowstore import call, connect, experiment_id
+from runner.prepare.identity import DUMMY_WEIGHTS, dummy_weights
 from runner.secret import redact
 
 log = logging.getLogger("runner")
@@ -72,6 +73,8 @@ def config_tags(config: RunConfig) -> dict[str, str]:
     return {
         "hw": config.hw.name if config.hw else "cpu",
         "model": config.model.name,
+        # Random weights (a generated model, or --load-format dummy) are never a checkpoint's.
+        "weights": DUMMY_WEIGHTS if dummy_weights(config) else "checkpoint",
         "kv": config.kv.name,
         "engine": config.engine.name,
         "workload": config.workload.name,

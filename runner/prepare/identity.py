@@ -31,6 +31,7 @@ _WEIGHT_FAMILIES: dict[Precision, str] = {
     "int4": "int4",
 }
 _SIXTEEN_BIT = {"fp32", "bf16", "fp16"}
+DUMMY_WEIGHTS = "dummy-weights"
 
 
 def served_setup(config: RunConfig) -> dict[str, Any]:
@@ -43,7 +44,7 @@ def served_setup(config: RunConfig) -> dict[str, Any]:
         # A field added later: left out while unset, so setups that never set it keep
         # the config_id they were measured under.
         del engine["kv_cache_memory_gib"]
-    return {
+    setup: dict[str, Any] = {
         "hw": "cpu" if hw is None else {"name": hw.name, "gpu_name": hw.gpu_name, "count": hw.count},
         "image": {"reference": image.reference, "vllm_version": image.vllm_version},
         "model": {
@@ -59,6 +60,11 @@ def served_setup(config: RunConfig) -> dict[str, Any]:
         "kv_cache_dtype": config.kv.cache_dtype,
         "engine": engine,
     }
+    if model.architecture is not None:
+        # A generated model is its config.json; the built-in tiny one keeps the id it always had.
+        setup["model"]["architecture"] = model.architecture
+        setup["model"]["max_context"] = model.max_context
+    return setup
 
 
 def config_id(config: RunConfig) -> str:
@@ -74,12 +80,53 @@ def family(config: RunConfig) -> str:
     weights imply ("auto", or 16-bit KV for 16-bit weights): ``bf16``,
     ``fp8-fp8kv``, ``nvfp4a16``, ``nvfp4-w4a4-fp8kv``, ``nvfp4-w4a4-nvfp4kv``;
     then the workload's own mark (:func:`workload_family`), e.g. ``bf16-natural-eos``.
+    Random weights come first, ``dummy-weights-bf16``: such results are never ranked
+    with a real checkpoint's.
     """
     base = _WEIGHT_FAMILIES[config.model.weights]
     kv = config.kv.precision
     if not (kv == "auto" or (kv == "bf16" and config.model.weights in _SIXTEEN_BIT)):
         base = f"{base}-{kv}kv"
+    if dummy_weights(config):
+        base = f"{DUMMY_WEIGHTS}-{base}"
     return base + workload_family(config.workload)
+
+
+def dummy_weights(config: RunConfig) -> bool:
+    """Whether the engine serves random weights: a generated model, or ``--load-format dummy``."""
+    return config.model.generated or config.engine.load_format == "dummy"
+
+
+def caveats(config: RunConfig) -> list[str]:
+    """What a reader of these results must know before comparing them with others."""
+    if not dummy_weights(config):
+        return []
+    notes = [
+        (
+            "Random weights (`--load-format dummy`): the figures are this architecture's "
+            "compute, not a trained checkpoint's, and the generated text is meaningless. They "
+            f"are kept in the `{DUMMY_WEIGHTS}-*` families, never ranked with a real checkpoint's."
+        ),
+        (
+            "MoE routing is not realistic: random router weights spread tokens over the experts "
+            "unlike a trained router, so expert load (and expert-parallel balance) can differ."
+        ),
+        (
+            "Speculative decoding is not realistic: a draft agrees with random weights almost "
+            "never, so acceptance, and any speedup from it, is a worst case."
+        ),
+    ]
+    if config.workload.ignore_eos:
+        notes.append(
+            "Output lengths are forced (`ignore_eos`, every answer exactly max_tokens), which is "
+            "what makes random weights do a trained model's work per request."
+        )
+    else:
+        notes.append(
+            "Answers end where random sampling hits the end-of-sequence token, not where a "
+            "trained model would stop: output lengths are not a real model's."
+        )
+    return notes
 
 
 def workload_family(workload: Workload) -> str:

@@ -175,7 +175,8 @@ def _engine_args(config: RunConfig) -> list[str]:
         ("--long-prefill-token-threshold", engine.long_prefill_token_threshold),
         ("--max-num-partial-prefills", engine.max_num_partial_prefills),
         ("--max-long-partial-prefills", engine.max_long_partial_prefills),
-        ("--load-format", engine.load_format),
+        # A generated model has no weights: left unset, vLLM is told to make random ones.
+        ("--load-format", engine.load_format or ("dummy" if config.model.generated else None)),
     ]
     for flag, value in valued:
         if value is not None:

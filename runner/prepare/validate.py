@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
+from runner.prepare.generated import MIN_VOCAB_SIZE
 from runner.prepare.launch import (
     API_KEY_VARIABLE,
     SECRET_FLAGS,
@@ -327,8 +328,46 @@ def _kv_cache_size(config: RunConfig, memory: MachineMemory | None) -> Iterator[
             )
 
 
+def _generated(config: RunConfig) -> Iterator[str]:
+    """A generated model: a config.json vLLM can build, served with random weights."""
+    model, engine = config.model, config.engine
+    if not model.generated:
+        if model.architecture is not None or model.hf_config is not None:
+            yield (
+                f"model {model.name} sets model.architecture or model.hf_config, which describe "
+                "a generated model; set model.generated=true to serve that architecture with "
+                "random weights, or remove them"
+            )
+        return
+    if engine.load_format not in (None, "dummy"):
+        yield (
+            f"model {model.name} is generated and has no weights to load, but "
+            f"engine.load_format={engine.load_format}; leave it null or set it to dummy"
+        )
+    architecture = model.architecture
+    if architecture is None:
+        return  # the built-in tiny Llama, or an hf_config file not read yet
+    where = model.hf_config or f"model {model.name}'s architecture"
+    for key in ("architectures", "model_type"):
+        if not architecture.get(key):
+            yield f"{where} has no {key!r}, which vLLM needs to build the model"
+    vocab_size = architecture.get("vocab_size")
+    if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
+        yield (
+            f"{where} has vocab_size={vocab_size!r}; a generated tokenizer covers the whole "
+            f"vocabulary and needs a whole number of at least {MIN_VOCAB_SIZE}"
+        )
+    longest = architecture.get("max_position_embeddings")
+    if isinstance(longest, int) and model.max_context > longest:
+        yield (
+            f"model.max_context={model.max_context} exceeds the architecture's "
+            f"max_position_embeddings={longest} ({where})"
+        )
+
+
 _RULES: list[Callable[[RunConfig], Iterator[str]]] = [
     _precision,
+    _generated,
     _lengths,
     _concurrency,
     _extra_args,

@@ -27,6 +27,7 @@ from runner.output.tracking import (
     BEST_USERS,
     Tracker,
 )
+from runner.prepare import identity
 from runner.run.context import RunContext, engine_api_key
 from runner.run.resume import prior_windows, read_manifest
 from runner.run.session import MAX_RELAUNCHES, EngineSession
@@ -243,6 +244,7 @@ def report_facts(context: RunContext) -> dict[str, Any]:
         "kv_cache": kv,
         "context_distribution": f"equal {totals} total tokens, {config.workload.max_tokens} output",
         "workload_hash": context.manifest.get("workload", {}).get("sha256"),
+        "caveats": identity.caveats(config),
     }
 
 

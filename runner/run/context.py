@@ -22,9 +22,9 @@ from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError, ResultsError
 from runner.output.tracking import config_tags
 from runner.prepare import flags, identity, launch, validate
+from runner.prepare.generated import definition_hash, ensure_generated_model, load_architecture
 from runner.prepare.host import machine_memory
 from runner.prepare.modelref import ResolvedModel, resolve_revision
-from runner.prepare.tinymodel import definition_hash, ensure_tiny_model
 from runner.prepare.torchstack import check_companions
 from runner.run.resume import resume_folder
 from runner.secret import redact_data
@@ -96,6 +96,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
     """Validate, pin the model revision and name the run; raises ConfigError early."""
+    config = load_architecture(config)  # model.hf_config is validated by its content
     warnings = validate.validate(config, machine_memory())
     config, resolved = pin_model(config, warnings)
     config_id = identity.config_id(config)
@@ -143,9 +144,11 @@ def pin_model(config: RunConfig, warnings: list[str]) -> tuple[RunConfig, Resolv
     names the exact checkpoint. A measured run with an unresolved revision is refused
     unless ``model.allow_unresolved_revision`` is set; such results are tagged unpinned.
     """
+    if config.model.generated:
+        config = load_architecture(config)  # config_id names the file's content, not its path
+        definition = definition_hash(config.model.architecture)
+        return config, ResolvedModel(config.model.repo, None, None, f"generated locally (definition {definition})")
     model = config.model
-    if model.generated:
-        return config, ResolvedModel(model.repo, None, None, f"generated locally (definition {definition_hash()})")
     hf_cache = Path(config.backend.hf_cache).expanduser() if config.backend.hf_cache else None
     resolved = resolve_revision(model, hf_cache, ask_hub=not config.dry_run)
     if resolved.commit is None:
@@ -170,7 +173,7 @@ def model_location(context: RunContext) -> tuple[Path | None, str]:
     """The model folder on this host (if local) and the path the engine is given."""
     config = context.config
     if config.model.generated:
-        folder = ensure_tiny_model(context.cache_dir, config.model.max_context)
+        folder = ensure_generated_model(context.cache_dir, config.model)
         if config.backend.kind == "docker":
             return folder, CONTAINER_TINY_MODEL
         return folder, str(folder)

@@ -30,7 +30,12 @@ from runner.engines.base import LaunchPlan, RunningEngine
 from runner.engines.docker import DockerEngine
 from runner.engines.external import ExternalEngine
 from runner.engines.process import ProcessEngine
-from runner.engines.startup import facts_from_cache_config, parse_startup_log, verify_precision
+from runner.engines.startup import (
+    facts_from_cache_config,
+    facts_from_version,
+    parse_startup_log,
+    verify_precision,
+)
 from runner.errors import RunnerError
 from runner.measure.metrics import parse_metrics
 from runner.measure.telemetry import GpuSampler
@@ -76,6 +81,11 @@ def startup_facts(engine: RunningEngine) -> dict[str, Any]:
         facts.update(facts_from_cache_config(parse_metrics(text).cache_config))
     except httpx.HTTPError as exc:
         log.warning("could not read /metrics for start-up facts: %s", exc)
+    if "vllm_version" not in facts:  # an external engine: no log, but the server says
+        try:
+            facts.update(facts_from_version(httpx.get(f"{engine.base_url}/version", timeout=10.0).json()))
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("could not read /version for start-up facts: %s", exc)
     # The image the Docker engine really ran, read back from it: pinned, and proven.
     if engine.image_id:
         facts["image_id"] = engine.image_id

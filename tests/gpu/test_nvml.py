@@ -61,23 +61,47 @@ def test_preflight_refuses_a_profile_this_machine_does_not_match():
     assert "older than the profile's minimum 999.0" in message
 
 
+def keep_busy(seconds: float) -> None:
+    """Bf16 matmuls on GPU 0 for about ``seconds``."""
+    torch = pytest.importorskip("torch")
+    matrix = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        for _ in range(20):
+            matrix @ matrix
+        torch.cuda.synchronize()
+
+
 def test_sampler_reads_power_and_sees_the_gpu_busy_under_load():
     """The row's gpu_util_avg_pct and power_avg_w come from these samples (seed 004 §8)."""
-    torch = pytest.importorskip("torch")
     idle = telemetry.GpuSampler(device_indices=[0], interval_s=0.5)
     idle.start()
     time.sleep(2.0)
     idle_summary = idle.stop()
     busy = telemetry.GpuSampler(device_indices=[0], interval_s=0.5)
-    matrix = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     busy.start()
-    deadline = time.monotonic() + 3.0
-    while time.monotonic() < deadline:
-        for _ in range(20):
-            matrix @ matrix
-        torch.cuda.synchronize()
+    keep_busy(3.0)
     busy_summary = busy.stop()
     assert len(idle_summary.samples) >= 3
     assert idle_summary.power_avg_w is not None and idle_summary.power_avg_w > 0
     assert busy_summary.gpu_util_avg_pct is not None and busy_summary.gpu_util_avg_pct > 50
     assert busy_summary.power_avg_w > idle_summary.power_avg_w
+
+
+def test_power_is_present_in_every_window_of_one_sampler_under_load():
+    """Issue 11: one sampler served 18 windows on the H200 and power_avg_w was null in 16
+    of them. Each window's power is the energy counter's growth over that window."""
+    sampler = telemetry.GpuSampler(device_indices=[0], interval_s=0.5)
+    for window in range(3):
+        sampler.start()
+        keep_busy(2.0)
+        summary = sampler.stop()
+        (gpu,) = summary.gpus
+        print(
+            f"window {window}: power {summary.power_avg_w} W ({summary.power_source}), "
+            f"{gpu.energy_j} J, util {summary.gpu_util_avg_pct}%, {len(summary.samples)} reads"
+        )
+        assert summary.samples[0]["tick"] == 0  # this window's reads only
+        assert summary.power_avg_w is not None and summary.power_avg_w > 0
+        assert summary.power_source == "energy"  # Volta and later count energy
+        assert gpu.energy_j is not None and gpu.energy_j > 0

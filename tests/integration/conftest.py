@@ -17,7 +17,7 @@ import pytest
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine, port_is_free
 from runner.measure.sampler import metrics_client, wait_idle_async
-from runner.prepare.tinymodel import ensure_tiny_model
+from runner.prepare.generated import ensure_tiny_model
 
 TINY_CONTEXT = 4096
 # A fixed KV cache (1 GiB: about a million tiny-model tokens). A fraction such as

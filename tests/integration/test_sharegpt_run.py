@@ -122,7 +122,7 @@ def test_console_manifest_and_mlflow_name_the_run(whole_run, work: Path) -> None
     assert "30/30 prompts completed" in done.stdout
     assert f"decode {row['decode_tok_s']:.1f} tok/s" in done.stdout
     manifest = json.loads((results / "manifest.json").read_text())
-    assert manifest["family"] == "bf16-sharegpt-natural-eos"
+    assert manifest["family"] == "dummy-weights-bf16-sharegpt-natural-eos"
     assert manifest["config_id"] == row["config_id"]
     assert manifest["summary"]["benchmark"]["prompts_completed"] == 30
     client = MlflowClient(tracking_uri=f"sqlite:///{work}/mlflow.db")
@@ -131,7 +131,7 @@ def test_console_manifest_and_mlflow_name_the_run(whole_run, work: Path) -> None
         [experiment.experiment_id], filter_string="tags.run_id = 'sharegpt-whole'"
     )
     assert parent.info.status == "FINISHED"
-    assert parent.data.tags["family"] == "bf16-sharegpt-natural-eos"
+    assert parent.data.tags["family"] == "dummy-weights-bf16-sharegpt-natural-eos"
     assert parent.data.metrics["decode_tok_s"] == pytest.approx(row["decode_tok_s"])
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"benchmark.jsonl", "manifest.json", "workload.jsonl"} <= artifacts
@@ -175,5 +175,5 @@ def test_the_time_cap_stops_dispatch_and_lets_requests_in_flight_finish(
     assert row["output_tokens"] == 256 * row["prompts_sent"]  # forced length
     assert "time cap 1.5 s reached" in done.stdout
     assert json.loads((work / "sharegpt-capped" / "manifest.json").read_text())["family"] == (
-        "bf16-sharegpt"
+        "dummy-weights-bf16-sharegpt"
     )

@@ -46,12 +46,15 @@ def test_other_workloads_never_share_a_family_with_the_forced_length_mix(
 
 
 def test_the_family_names_follow_seed_004s_publish_names() -> None:
-    """seed 004 §12 publishes `bf16-natural-eos/` beside the forced-length results."""
-    assert family(compose_config()) == "bf16"
-    assert family(compose_config("workload=context_mix_cpu_natural_eos")) == "bf16-natural-eos"
-    assert family(compose_config("workload=sharegpt")) == "bf16-sharegpt-natural-eos"
+    """seed 004 §12 publishes `bf16-natural-eos/` beside the forced-length results; the
+    CPU default's tiny model has random weights, which lead its family's name."""
+    assert family(compose_config()) == "dummy-weights-bf16"
+    natural = compose_config("workload=context_mix_cpu_natural_eos")
+    assert family(natural) == "dummy-weights-bf16-natural-eos"
+    assert family(compose_config("workload=sharegpt")) == "dummy-weights-bf16-sharegpt-natural-eos"
     forced_sharegpt = compose_config("workload=sharegpt", "workload.ignore_eos=true")
-    assert family(forced_sharegpt) == "bf16-sharegpt"
+    assert family(forced_sharegpt) == "dummy-weights-bf16-sharegpt"
+    assert family(compose_config("+hw=h200")) == "fp8-fp8kv"
     nvfp4 = compose_config("+hw=rtx5090", "kv=nvfp4", "workload=context_mix_natural_eos")
     assert family(nvfp4) == "nvfp4-w4a4-nvfp4kv-natural-eos"
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from types import SimpleNamespace
+
 import pytest
 
 from runner import nvml
@@ -143,9 +146,131 @@ def test_unread_figures_are_unavailable_never_zero():
     assert telemetry.summarize_samples([]).available is False
 
 
-def test_a_tick_missing_one_gpu_power_is_left_out_of_the_power_average():
+def test_an_unread_power_sample_is_left_out_of_that_gpus_mean():
     summary = telemetry.summarize_samples(samples([(50, 300.0, 0), (50, None, 0)], [(50, 300.0, 0), (50, 200.0, 0)]))
     assert summary.power_avg_w == pytest.approx(500.0)
+    assert summary.power_source == "samples"
+
+
+def counted(gpu: int, reads: list[tuple[float, float | None, float]]) -> list[dict]:
+    """One GPU's samples as (seconds, energy counter mJ or None, instant power W)."""
+    return [
+        {"tick": tick, "t_s": t_s, "gpu": gpu, "util_pct": 90, "power_w": power_w,
+         "energy_mj": energy_mj, "memory_used_gib": 80.0 + tick, "temperature_c": 60 + tick}
+        for tick, (t_s, energy_mj, power_w) in enumerate(reads)
+    ]  # fmt: skip
+
+
+def test_power_is_the_energy_counters_growth_over_the_window():
+    """4,000 J in 10 s is 400 W, although the instant reads caught the GPU between
+    bursts (idle 117 W, as one read on the H200 did)."""
+    reads = [(0.0, 1_000_000.0, 117.0), (5.0, 2_500_000.0, 117.0), (10.0, 5_000_000.0, 117.0)]
+    summary = telemetry.summarize_samples(counted(0, reads))
+    assert summary.power_avg_w == pytest.approx(400.0)
+    assert summary.power_source == "energy"
+    (gpu,) = summary.gpus
+    assert (gpu.gpu, gpu.power_source) == (0, "energy")
+    assert gpu.energy_j == pytest.approx(4000.0)
+    assert (gpu.memory_used_max_gib, gpu.temperature_max_c) == (82.0, 62)
+
+
+def test_each_gpu_keeps_its_own_power_and_the_row_has_their_sum():
+    first = counted(0, [(0.0, 0.0, 500.0), (2.0, 1_400_000.0, 500.0)])
+    second = counted(1, [(0.0, 0.0, 300.0), (2.0, 600_000.0, 300.0)])
+    summary = telemetry.summarize_samples(first + second)
+    assert [gpu.power_avg_w for gpu in summary.gpus] == [pytest.approx(700.0), pytest.approx(300.0)]
+    assert summary.power_avg_w == pytest.approx(1000.0)
+    assert summary.power_source == "energy"
+
+
+def test_without_an_energy_counter_the_power_reads_are_averaged():
+    """Older GPUs have no energy counter (NVML_ERROR_NOT_SUPPORTED): the 1 Hz reads serve."""
+    no_counter = counted(0, [(0.0, None, 300.0), (1.0, None, 500.0)])
+    with_counter = counted(1, [(0.0, 0.0, 50.0), (1.0, 200_000.0, 50.0)])
+    alone = telemetry.summarize_samples(no_counter)
+    assert (alone.power_avg_w, alone.power_source) == (pytest.approx(400.0), "samples")
+    mixed = telemetry.summarize_samples(no_counter + with_counter)
+    assert mixed.power_avg_w == pytest.approx(600.0)
+    assert mixed.power_source == "samples"  # not every GPU's figure is the counter's
+    assert [gpu.power_source for gpu in mixed.gpus] == ["samples", "energy"]
+
+
+def test_a_single_counter_read_gives_no_energy_figure():
+    summary = telemetry.summarize_samples(counted(0, [(0.0, 1_000.0, 250.0)]))
+    assert (summary.power_avg_w, summary.power_source) == (pytest.approx(250.0), "samples")
+    assert summary.gpus[0].energy_j is None
+
+
+class FakeNvml:
+    """NVML for this GPU-less machine (no driver here, so a fake stands in for it): one
+    GPU drawing a steady 400 W on its energy counter, while every instant power read
+    says 100 W. Only the calls GpuSampler makes."""
+
+    NVMLError = nvml.load().NVMLError
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    nvmlEventTypeXidCriticalError = 8
+
+    def __init__(self) -> None:
+        self.origin = time.monotonic()
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlEventSetCreate(self) -> None:
+        raise self.NVMLError(3)  # NVML_ERROR_NOT_SUPPORTED: no Xid events
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
+        return int((time.monotonic() - self.origin) * 400_000)  # mJ at 400 W
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(gpu=95)
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> SimpleNamespace:
+        return SimpleNamespace(used=80 * 2**30)
+
+    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
+        return 100_000  # mW
+
+    def nvmlDeviceGetTemperature(self, handle: int, sensor: int) -> int:
+        return 61
+
+    def nvmlDeviceGetClockInfo(self, handle: int, clock: int) -> int:
+        return 1980
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, handle: int) -> int:
+        return 0
+
+
+def test_one_sampler_measures_every_window_of_a_run_on_its_own(monkeypatch):
+    """The H200 run (issue 11) reused one sampler for 18 windows: samples piled up,
+    ticks of earlier windows collided, and power_avg_w was null in 16 of them. Each
+    window's figures are its own, and its power the energy counter's."""
+    fake = FakeNvml()
+    monkeypatch.setattr(telemetry, "load", lambda: fake)
+    monkeypatch.setattr(nvml, "load", lambda: fake)
+    monkeypatch.setattr(telemetry, "nvml_available", lambda: True)
+    sampler = telemetry.GpuSampler(device_indices=[0], interval_s=0.1)
+    windows = []
+    for _ in range(3):
+        sampler.start()
+        time.sleep(0.5)
+        windows.append(sampler.stop())
+    for summary in windows:
+        ticks = [sample["tick"] for sample in summary.samples]
+        assert ticks == sorted(set(ticks)) and ticks[0] == 0  # this window's reads only
+        assert summary.power_source == "energy"
+        assert summary.power_avg_w == pytest.approx(400.0, rel=0.1)
+        assert summary.gpu_util_avg_pct == 95
 
 
 def test_power_capping_under_load_is_not_marked_throttled_but_thermal_slowdown_is():

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from runner.errors import WorkloadError
-from runner.prepare.tinymodel import ensure_tiny_model
+from runner.prepare.generated import ensure_tiny_model
 from runner.workload.context_mix import load_tokenizer
 from runner.workload.sharegpt import build_sharegpt_prompts, load_sharegpt
 

@@ -11,7 +11,7 @@ import pytest
 
 from runner.config import Bucket, ContextMixWorkload
 from runner.errors import WorkloadError
-from runner.prepare.tinymodel import ensure_tiny_model
+from runner.prepare.generated import ensure_tiny_model
 from runner.workload.context_mix import (
     build_prompts,
     load_tokenizer,
@@ -157,7 +157,7 @@ def test_a_tokenizer_that_merges_across_words_still_counts_exactly():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from runner.prepare.tinymodel import CHAT_TEMPLATE, SPECIAL_TOKENS, _corpus
+    from runner.prepare.generated import CHAT_TEMPLATE, SPECIAL_TOKENS, _corpus
 
     backend = Tokenizer(models.BPE(unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=False)
