@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import shutil
 from collections.abc import Callable, Iterator
@@ -232,7 +233,9 @@ def _ensure(
 ) -> Path:
     if (folder / "tokenizer.json").exists() and (folder / "config.json").exists():
         return folder
-    staging = folder.with_name(folder.name + ".partial")
+    # A staging folder of this process's own: the jobs of a parallel sweep on a fresh
+    # cache build the same model at once, and the first complete one wins.
+    staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     tokenizer = build_tokenizer()
@@ -257,8 +260,16 @@ def _ensure(
     (staging / "generation_config.json").write_text(
         json.dumps({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "do_sample": False}, indent=2)
     )
-    shutil.rmtree(folder, ignore_errors=True)
-    staging.rename(folder)
+    if folder.exists() and not (folder / "tokenizer.json").exists():
+        shutil.rmtree(folder, ignore_errors=True)  # left incomplete by an older runner
+    try:
+        staging.rename(folder)
+    except OSError:
+        # Another process finished the same model first: use its folder.
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (folder / "tokenizer.json").exists():
+            raise
+        return folder
     log.info("generated the model %s (vocabulary %d) in %s", architecture.get("model_type"),
              tokenizer.get_vocab_size(), folder)  # fmt: skip
     return folder

@@ -285,7 +285,7 @@ def test_a_parallel_sweep_on_a_fresh_sqlite_store(
     parents = client.search_runs([experiment.experiment_id], "tags.`runner.kind` = 'search'")
     assert sorted(p.data.params["engine.max_num_batched_tokens"] for p in parents) == ["2048", "4096"]
     assert all(p.info.status == "FINISHED" for p in parents)
-    assert not list(fresh_cache.rglob("*.partial"))
+    assert not list(fresh_cache.rglob("*.partial*"))
     wait_idle(vllm_server.base_url, 120)
 
 

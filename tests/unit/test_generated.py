@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +172,26 @@ def test_an_architecture_vllm_cannot_serve_is_refused_before_anything_starts(
     base = ("+hw=h200", "backend=process", "model=llama31_8b_dummy", "kv=auto", "dry_run=true")
     with pytest.raises(ConfigError, match=words):
         validate(config(*base, *overrides))
+
+
+def test_processes_building_the_same_model_at_once_share_one_complete_folder(
+    tmp_path: Path,
+) -> None:
+    """The jobs of a parallel sweep on a fresh cache generate the tiny model together:
+    each builds in a staging folder of its own, the first complete one wins."""
+    code = (
+        "import sys; from pathlib import Path; "
+        "from runner.prepare.generated import ensure_tiny_model; "
+        "print(ensure_tiny_model(Path(sys.argv[1]), 4096))"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    builders = [
+        subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=repo,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(3)
+    ]  # fmt: skip
+    outputs = [builder.communicate(timeout=120) for builder in builders]
+    assert [builder.returncode for builder in builders] == [0, 0, 0], outputs
+    (folder,) = {Path(out.strip()) for out, _ in outputs}
+    assert (folder / "tokenizer.json").exists() and (folder / "config.json").exists()
+    assert [path.name for path in (tmp_path / "models").iterdir()] == [folder.name]
