@@ -97,6 +97,27 @@ def offered_load_reasons(load: OfferedLoad, users: int, min_in_flight_pct: float
     ]
 
 
+# Below this share of N in the engine's scheduler, with every user in flight, the
+# requests are waiting in front of the engine: in its API server.
+FRONTEND_BOUND_SHARE = 0.85
+
+
+def frontend_bound(load: OfferedLoad, users: int, min_in_flight_pct: float) -> bool:
+    """Whether the engine's API frontend, not its scheduler, held the load back.
+
+    The client kept every user in flight (the offered-load gate passed) while the
+    engine's scheduler held well under N running or waiting: the difference sat in
+    vLLM's API server (request parsing, tokenization, streaming). The window is a true
+    measurement of the server, so it stays valid; the row and report say so, and
+    what to try (more API server processes: vLLM's ``--api-server-count``).
+    """
+    return (
+        load.server_in_flight_mean is not None
+        and load.min_in_flight_pct >= min_in_flight_pct
+        and load.server_in_flight_mean < FRONTEND_BOUND_SHARE * users
+    )
+
+
 def judge(health: ClientHealth, max_loop_lag_ms: float) -> ClientHealth:
     """``health`` with ``kept_up`` and the reasons it did not, if any.
 

@@ -104,6 +104,9 @@ class WindowDetail:
     warmup_s: float | None = None
     queue: QueueSummary | None = None
     offered_load: OfferedLoad | None = None
+    # Every user in flight, yet the engine's scheduler held well under N: the requests
+    # waited in its API frontend (runner.measure.gates.frontend_bound).
+    frontend_bound: bool = False
     # "off", or how the window met the prefix cache: "cold" (salted) or "warm".
     prefix_cache: str = "off"
     streams: StreamSummary | None = None

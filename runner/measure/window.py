@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runner.measure.gates import judge, offered_load, offered_load_reasons
+from runner.measure.gates import frontend_bound, judge, offered_load, offered_load_reasons
 from runner.measure.records import MetricsSample, RequestRecord, WindowMeasurement
 from runner.measure.result import BucketStats, QueueSummary, WindowDetail, WindowResult, WindowRow
 from runner.measure.streams import summarize_streams
@@ -228,6 +228,8 @@ def summarize_window(
         warmup_s=m.warmup_s,
         queue=_queue_summary(m.samples),
         offered_load=load,
+        frontend_bound=min_in_flight_pct is not None
+        and frontend_bound(load, m.users, min_in_flight_pct),
         prefix_cache=prefix_cache,
         # TPOT/ITL never without the burst flag, and the aggregate beside them (seed 000).
         streams=summarize_streams(

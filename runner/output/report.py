@@ -90,6 +90,7 @@ def render_report(
         lines += ["", "## Caveats", "", *[f"- {caveat}" for caveat in summary["caveats"]]]
     if summary.get("best_users") is None:
         lines += ["", "No concurrency met the floor in every window: there is no valid optimum."]
+    lines += _frontend_note(rows, details)
     lines += ["", "## Windows", "", *_window_table(rows, details)]
     return "\n".join(lines) + "\n"
 
@@ -156,6 +157,29 @@ def _number(value: Any, form: str) -> str:
 
 def _cell(value: float | None, decimals: int) -> str:
     return "n/a" if value is None else f"{value:.{decimals}f}"
+
+
+def _frontend_note(rows: Sequence[WindowRow], details: Sequence[WindowDetail]) -> list[str]:
+    """Where the engine's API frontend bound the load, say so and what to try."""
+    bound = [
+        (row.users, 100.0 * row.server_in_flight_mean / row.users)
+        for row, detail in zip(rows, details, strict=False)
+        if detail.frontend_bound and row.server_in_flight_mean is not None
+    ]
+    if not bound:
+        return []
+    shown = ", ".join(f"N={users} ({share:.0f}%)" for users, share in bound[:8])
+    return [
+        "",
+        "## Frontend-bound windows",
+        "",
+        f"Every user kept a request in flight, yet the engine's scheduler held well under N "
+        f"running or waiting in {len(bound)} window(s): {shown}. The other requests waited "
+        "in vLLM's API server (parsing, tokenization, streaming), which then bounds the "
+        "aggregate, not the GPU. Try more API server processes (vLLM's "
+        "`--api-server-count`, e.g. `'engine.extra_args=[--api-server-count,4]'`) and "
+        "compare the searches.",
+    ]
 
 
 def _window_table(rows: Sequence[WindowRow], details: Sequence[WindowDetail]) -> list[str]:

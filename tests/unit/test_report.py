@@ -167,3 +167,12 @@ def test_compare_never_mixes_families_in_one_table() -> None:
     assert "bf16-a" in bf16 and "nvfp4" not in bf16
     assert "nvfp4-a" in nvfp4 and "nvfp4-b" in nvfp4 and "bf16-a" not in nvfp4
     assert "n/a" in nvfp4 and "644.50" in bf16
+
+
+def test_the_report_says_where_the_frontend_bound_the_load_and_what_to_try() -> None:
+    rows = [dataclasses.replace(ROWS[0], server_in_flight_mean=4.5)]
+    details = [dataclasses.replace(DETAILS[0], frontend_bound=True)]
+    text = render_report(SUMMARY, rows, details)
+    assert "## Frontend-bound windows" in text and "N=7 (64%)" in text
+    assert "--api-server-count" in text
+    assert "Frontend-bound" not in render_report(SUMMARY, ROWS, DETAILS)

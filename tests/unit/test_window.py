@@ -315,3 +315,16 @@ def test_the_prefix_cache_hit_rate_is_the_windows_counter_delta() -> None:
     off = summarize_window(measurement, run_id="r", config_id="c", phase="coarse",
                            audit_tolerance_pct=1.0)  # fmt: skip
     assert off.row.prefix_cache_hit_pct is None and off.detail.prefix_cache == "off"
+
+
+def test_a_window_whose_engine_held_less_than_its_users_is_frontend_bound() -> None:
+    """Issue 11 (H200, 8B): the client kept every user in flight while vLLM's scheduler
+    held 62-82% of N: the rest waited in its API frontend. Valid, and it says so."""
+    records = [record(user, 99.0, [(101.0, 10)], finished=111.0) for user in range(4)]
+    held = [MetricsSample(at, running_waiting(2, 0)) for at in (101.0, 105.0, 109.0)]
+    bound = measure(records, 4, server_tokens=40, samples=held, min_in_flight_pct=97.0)
+    assert bound.row.valid and bound.detail.frontend_bound
+    assert bound.row.server_in_flight_mean == pytest.approx(2.0)
+    full = [MetricsSample(at, running_waiting(3, 1)) for at in (101.0, 105.0, 109.0)]
+    assert not measure(records, 4, server_tokens=40, samples=full,
+                       min_in_flight_pct=97.0).detail.frontend_bound  # fmt: skip
