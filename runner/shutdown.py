@@ -29,14 +29,34 @@ def install() -> None:
         signal.signal(signum, _interrupt)
 
 
+_held: list[int] | None = None  # signals held back by the shield in force, if any
+
+
 @contextmanager
 def shielded() -> Iterator[None]:
-    """Hold back SIGINT, SIGTERM and SIGHUP for the block; they are delivered after it."""
-    if threading.current_thread() is not threading.main_thread():
+    """Hold back SIGINT, SIGTERM and SIGHUP for the block; one that came meanwhile is
+    raised as KeyboardInterrupt when the block is done.
+
+    The handlers are swapped rather than the signal mask: a process-directed signal may
+    land on any thread (a telemetry or log thread), and Python runs its handler in the
+    main thread whichever thread the kernel picked. Nested shields are one shield.
+    """
+    global _held
+    if threading.current_thread() is not threading.main_thread() or _held is not None:
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, TERMINATING)
+    held: list[int] = []
+
+    def hold(signum: int, frame: Any) -> None:
+        held.append(signum)
+
+    previous = {signum: signal.signal(signum, hold) for signum in TERMINATING}
+    _held = held
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        _held = None
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if held:
+            raise KeyboardInterrupt(f"signal {held[0]} during the teardown")
