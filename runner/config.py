@@ -335,6 +335,17 @@ class Results(Strict):
     dir: str
 
 
+class Reference(Strict):
+    """vLLM's own benchmark client at the search's answer, on the same engine before it
+    stops (:mod:`runner.measure.reference`): an agreement check beside the decision."""
+
+    enabled: bool = False
+    # 50 prompts per user keep vLLM's ramp-up and drain near 2% of its run.
+    prompts_per_user: int = Field(default=50, ge=1)
+    input_len: int | None = Field(default=None, ge=1)  # None: the workload's mean prompt
+    output_len: int | None = Field(default=None, ge=1)  # None: workload.max_tokens
+
+
 class RunConfig(Strict):
     """Everything one run needs, validated."""
 
@@ -348,6 +359,7 @@ class RunConfig(Strict):
     slo: SLO = SLO()
     backend: Backend
     smoke: Smoke = Smoke()
+    reference: Reference = Reference()
     tracking: Tracking = Tracking()
     results: Results
     run_id: str | None = None

@@ -86,6 +86,8 @@ def render_report(
         "",
     ]
     lines += [f"- **{name}:** {value}" for name, value in facts]
+    if summary.get("reference"):
+        lines.append(_reference_line(summary["reference"]))
     if summary.get("caveats"):
         lines += ["", "## Caveats", "", *[f"- {caveat}" for caveat in summary["caveats"]]]
     if summary.get("best_users") is None:
@@ -157,6 +159,18 @@ def _number(value: Any, form: str) -> str:
 
 def _cell(value: float | None, decimals: int) -> str:
     return "n/a" if value is None else f"{value:.{decimals}f}"
+
+
+def _reference_line(reference: dict[str, Any]) -> str:
+    """vLLM's own client at the answer's N on the same engine, beside runner's figure."""
+    server = reference.get("server_output_tok_s")
+    return (
+        f"- **vllm bench serve at N={reference['users']} (same engine):** "
+        f"{reference['output_tok_s']:.2f} output tok/s, engine counter "
+        f"{_number(server, '{:.2f} tok/s')}, random {reference['input_len']} in / "
+        f"{reference['output_len']} out, {reference['completed']}/{reference['num_prompts']} "
+        f"prompts, client CPU {reference['client_cpu_pct']:.0f}%"
+    )
 
 
 def _frontend_note(rows: Sequence[WindowRow], details: Sequence[WindowDetail]) -> list[str]:

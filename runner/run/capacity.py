@@ -8,7 +8,9 @@ the windows its run_id already measured and carries on from the step they lead t
 
 from __future__ import annotations
 
+import statistics
 import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -18,7 +20,9 @@ from rich.console import Console
 from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError, EngineError, MeasurementError
 from runner.measure.protocol import run_window
+from runner.measure.reference import run_reference
 from runner.output.console import print_window
+from runner.output.reference import log_reference
 from runner.output.report import plot_report, render_report
 from runner.output.results import ResultsWriter, read_results
 from runner.output.tracking import (
@@ -68,6 +72,7 @@ class CapacitySearch:
         self.context = context
         self.plan = plan
         self.prompts: list[Prompt] = []
+        self.tokenizer_dir: Path | None = None
         self.console = console
         self.params = SearchParams.from_config(config.search, config.slo)
         self.relaunch = config.backend.on_engine_fault == "relaunch"
@@ -81,11 +86,14 @@ class CapacitySearch:
         """Whether the windows this run_id already measured give the search its answer."""
         return bool(self.done) and next_step(self.history, self.params) is None
 
-    def run(self, prompts: list[Prompt] | None = None) -> RunSummary:
+    def run(
+        self, prompts: list[Prompt] | None = None, tokenizer_dir: Path | None = None
+    ) -> RunSummary:
         """Measure ``prompts`` (the frozen workload) until the search stops; a search that
         has its answer measures nothing and only logs to MLflow what it lacks."""
         context = self.context
         self.prompts = prompts or []
+        self.tokenizer_dir = tokenizer_dir
         if self.answered:
             self.console.print(
                 f"run {context.run_id} already has its answer ({len(self.done)} windows in "
@@ -154,7 +162,36 @@ class CapacitySearch:
             self._after_fault(
                 session, f"during the window at {step.users} users; that window is recorded as invalid"
             )
+        self._reference(session)
         self.engine_seconds = time.monotonic() - engine_started
+
+    def _reference(self, session: EngineSession) -> None:
+        """vLLM's own benchmark client at the answer, on this engine before it stops."""
+        config, context = self.context.config, self.context
+        best = decide(self.history, self.params).best_users
+        if not config.reference.enabled or best is None:
+            return
+        prompt_tokens = [prompt.prompt_tokens for prompt in self.prompts]
+        reference = run_reference(
+            session.engine.base_url,
+            config.model.served_name,
+            str(self.tokenizer_dir),
+            best,
+            input_len=config.reference.input_len or round(statistics.mean(prompt_tokens)),
+            output_len=config.reference.output_len or config.workload.max_tokens or 1,
+            num_prompts=config.reference.prompts_per_user * best,
+            python=config.backend.python,
+        )
+        context.manifest["reference"] = asdict(reference)
+        context.write_manifest()
+        log_reference(config.tracking, reference, context.run_id)
+        server = reference.server_output_tok_s
+        self.console.print(
+            f"vllm bench serve at N={best}: {reference.output_tok_s:,.1f} output tok/s "
+            f"(engine counter {f'{server:,.1f}' if server else 'n/a'} tok/s, client CPU "
+            f"{reference.client_cpu_pct:.0f}%)",
+            highlight=False,
+        )
 
     def _after_fault(self, session: EngineSession, when: str) -> None:
         """Relaunch a stopped engine (``backend.on_engine_fault=relaunch``) or stop the run."""

@@ -61,7 +61,7 @@ def execute(config: RunConfig, console: Console | None = None) -> RunSummary:
         prompts, workload_sha = build_workload(context, host_model_dir)
         context.manifest["workload"] = {"sha256": workload_sha, "seed": config.workload.seed}
         context.write_manifest()
-        return search.run(prompts)
+        return search.run(prompts, host_model_dir)
 
 
 def before_launch(context: RunContext, plan: LaunchPlan, host_model_dir: Path | None) -> None:

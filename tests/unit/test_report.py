@@ -176,3 +176,12 @@ def test_the_report_says_where_the_frontend_bound_the_load_and_what_to_try() -> 
     assert "## Frontend-bound windows" in text and "N=7 (64%)" in text
     assert "--api-server-count" in text
     assert "Frontend-bound" not in render_report(SUMMARY, ROWS, DETAILS)
+
+
+def test_the_report_shows_vllms_own_client_at_the_answer() -> None:
+    reference = {"users": 28, "output_tok_s": 498.2, "server_output_tok_s": 501.0,
+                 "input_len": 12000, "output_len": 512, "completed": 1400,
+                 "num_prompts": 1400, "client_cpu_pct": 41.0}  # fmt: skip
+    text = render_report({**SUMMARY, "reference": reference}, ROWS, DETAILS)
+    assert ("- **vllm bench serve at N=28 (same engine):** 498.20 output tok/s, engine "
+            "counter 501.00 tok/s, random 12000 in / 512 out, 1400/1400 prompts") in text
