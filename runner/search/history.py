@@ -15,12 +15,15 @@ def engine_fault_of(detail: WindowDetail) -> str | None:
     """The engine fault that invalidated a window, if one did."""
     for reason in detail.invalid_reasons:
         if reason.startswith(ENGINE_FAULT):
-            return reason[len(ENGINE_FAULT):]
+            return reason[len(ENGINE_FAULT) :]
     return None
 
 
 def observation(row: WindowRow, detail: WindowDetail) -> Observation:
+    """The window as the search sees it. The latency figures feed SLO tiers; rows
+    written before they were recorded read None, which meets no tier's limit."""
     fault = engine_fault_of(detail) or ""
+    streams = detail.extra
     return Observation(
         users=row.users,
         aggregate_tok_s=row.aggregate_output_tok_s,
@@ -28,6 +31,10 @@ def observation(row: WindowRow, detail: WindowDetail) -> Observation:
         valid=row.valid,
         phase=detail.phase,
         oom=any(word in fault for word in OOM_WORDS),
+        ttft_p99_ms=row.ttft_p99_ms,
+        itl_p99_ms=streams.get("itl_p99_ms"),
+        tpot_p99_ms=streams.get("tpot_p99_ms"),
+        request_latency_p99_ms=row.request_latency_p99_ms,
     )
 
 

@@ -16,7 +16,7 @@ from runner.errors import ConfigError
 from runner.prepare.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = ["image", "model", "kv", "engine", "workload", "search", "backend", "tracking"]
+GROUPS = ["image", "model", "kv", "engine", "workload", "search", "backend", "slo", "tracking"]
 HW_PROFILES = sorted(path.stem for path in (CONF / "hw").glob("*.yaml"))
 
 

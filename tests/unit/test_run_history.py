@@ -83,3 +83,16 @@ def test_a_finished_benchmark_is_found_by_its_run_id_and_read_back(tmp_path: Pat
     assert holds_run(tmp_path, "r") and not holds_run(tmp_path, "s")
     with pytest.raises(ConfigError, match="config_id c"):
         check_resumable(context_in(tmp_path, "other"))
+
+
+def test_the_search_sees_the_latency_figures_slo_tiers_need() -> None:
+    """A tier's TTFT, ITL, TPOT and request-latency ceilings are judged on the row's
+    p99 figures and the streams' ITL/TPOT p99; a row without them meets no ceiling."""
+    result = window(7, [])
+    result.detail.extra.update({"itl_p99_ms": 40.0, "tpot_p99_ms": 30.0})
+    (seen,) = search_history([result], relaunch=False)
+    assert (seen.ttft_p99_ms, seen.itl_p99_ms, seen.tpot_p99_ms, seen.request_latency_p99_ms) == (
+        1.0, 40.0, 30.0, 1.0,
+    )
+    (old,) = search_history([window(7, [])], relaunch=False)
+    assert old.itl_p99_ms is None and old.aggregate_ci is None and old.min_user_ci is None
