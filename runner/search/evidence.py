@@ -19,9 +19,9 @@ from itertools import pairwise
 
 import numpy as np
 
+from runner.measure.uncertainty import Z95
 from runner.search.types import Interval, Metric, Observation
 
-Z95 = 1.959964  # two-sided 95%
 Z_ONE_SIDED = 1.644854  # one-sided 95%: "meets the floor" is a one-sided claim
 # Windows this far away (a factor in users) still inform a fit, with falling weight.
 FIT_SPAN = 1.5

@@ -44,7 +44,6 @@ from runner.search.types import Interval, Observation
 FAMILIES = ("decode_bound", "prefill_bound", "kv_limited")
 BUCKETS = (1000, 2000, 4000, 8000, 16000, 24000, 30000)
 OUTPUT_TOKENS = 512
-Z95 = 1.959964
 _PROMPTS = np.array(BUCKETS) - OUTPUT_TOKENS
 
 
@@ -154,13 +153,9 @@ class ServingCurve:
             ttft_p99_ms=truth.ttft_p99_ms,
             itl_p99_ms=truth.itl_p99_ms,
             request_latency_p99_ms=truth.request_latency_p99_ms,
-            aggregate_ci=_interval(aggregate * noise[0], spread),
-            min_user_ci=_interval(slowest * noise[1], spread),
+            aggregate_ci=Interval.around(aggregate * noise[0], spread),
+            min_user_ci=Interval.around(slowest * noise[1], spread),
         )
-
-
-def _interval(value: float, spread: float) -> Interval:
-    return Interval(value * (1 - Z95 * spread), value * (1 + Z95 * spread))
 
 
 def draw_serving_curve(family: str, seed: int, noise_pct: float = 1.5) -> ServingCurve:

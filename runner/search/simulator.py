@@ -28,7 +28,6 @@ from runner.search.types import Interval
 
 SHAPES = ("saturating", "kv_cliff", "interior_peak", "low_capacity")
 REFERENCE_WINDOW_S = 300.0
-Z95 = 1.959964
 
 
 @dataclass(frozen=True)
@@ -92,14 +91,9 @@ class Curve:
             min_user_tok_s=float(slowest),
             valid=True,
             phase=phase,
-            aggregate_ci=_interval(aggregate, spread),
-            min_user_ci=_interval(slowest, spread),
+            aggregate_ci=Interval.around(aggregate, spread),
+            min_user_ci=Interval.around(slowest, spread),
         )
-
-
-def _interval(value: float, spread: float) -> Interval:
-    """The 95% interval a window with this relative noise carries."""
-    return Interval(float(value * (1 - Z95 * spread)), float(value * (1 + Z95 * spread)))
 
 
 def draw_curve(shape: str, seed: int, noise_pct: float = 1.5) -> Curve:

@@ -91,8 +91,12 @@ class View:
     def statistical(self) -> bool:
         """Every full window carries a slowest-user interval: decide on evidence, not
         on every single window."""
+        return self._has_intervals("min_user_tok_s")
+
+    def _has_intervals(self, metric: Metric) -> bool:
+        """Every full window carries an interval for ``metric``."""
         return has_intervals(
-            (obs for windows in self.full_windows.values() for obs in windows), "min_user_tok_s"
+            (obs for windows in self.full_windows.values() for obs in windows), metric
         )
 
     @cached_property
@@ -207,7 +211,9 @@ class View:
 
     def _meets(self, constraint: Constraint, users: int, z: float) -> bool:
         nearby = self._fit_windows(users)
-        if self.statistical and has_intervals(nearby, constraint.metric):
+        if self.statistical and self._has_intervals(constraint.metric):
+            # Windows without an interval (a screening window too short for one)
+            # are left out of the fit.
             fit = local_fit(nearby, constraint.metric, users)
             if fit is None:
                 return False
@@ -260,7 +266,7 @@ class View:
             return False
         nearby = self._fit_windows(users)
         for constraint in self.objective.constraints:
-            if not has_intervals(nearby, constraint.metric):
+            if not self._has_intervals(constraint.metric):
                 return False
             fit = local_fit(nearby, constraint.metric, users)
             if fit is None or fit.se > self._window_se(constraint.metric) / math.sqrt(needed):

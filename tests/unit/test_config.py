@@ -92,7 +92,9 @@ def test_gpu_profiles_measure_with_seed_004_windows_and_the_cpu_with_short_ones(
     assert gpu.start_users == 7
     cpu = compose_config().search
     assert cpu.kind == "bracket"
-    assert cpu.window_s <= 20.0 and cpu.warmup_s <= 5.0 and cpu.confirm_repeats < gpu.confirm_repeats
+    # Short windows, screening for the doubling: the default run answers in minutes.
+    assert cpu.window_s <= 30.0 and cpu.warmup_s <= 5.0 and cpu.confirm_repeats < gpu.confirm_repeats
+    assert cpu.screening_window_s is not None and cpu.screening_window_s < cpu.window_s
 
 
 def test_the_search_ceiling_follows_the_engines_max_num_seqs() -> None:
