@@ -20,6 +20,7 @@ from pydantic import (
     Tag,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from runner.errors import ConfigError
@@ -259,8 +260,43 @@ class FixedSearch(SearchBase):
 Search = Annotated[BracketSearch | FixedSearch, Field(discriminator="kind")]
 
 
+TierMetric = Literal[
+    "min_user_tok_s", "ttft_p99_ms", "itl_p99_ms", "tpot_p99_ms", "request_latency_p99_ms"
+]
+
+
+class Tier(Strict):
+    """One SLO tier (``slo.tiers``): a name and any of a per-user floor and latency
+    ceilings, all of which a user count must meet to count for the tier."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    min_user_tok_s: float | None = Field(default=None, gt=0)
+    ttft_p99_ms: float | None = Field(default=None, gt=0)
+    itl_p99_ms: float | None = Field(default=None, gt=0)
+    tpot_p99_ms: float | None = Field(default=None, gt=0)
+    request_latency_p99_ms: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _has_a_limit(self) -> Tier:
+        if not self.limits():
+            raise ValueError(
+                f"tier {self.name!r} sets no limit; give it at least one of "
+                f"{', '.join(get_args(TierMetric))}"
+            )
+        return self
+
+    def limits(self) -> list[tuple[TierMetric, float]]:
+        """The tier's constraints, as (figure, limit), in schema order."""
+        return [
+            (metric, value)
+            for metric in get_args(TierMetric)
+            if (value := getattr(self, metric)) is not None
+        ]
+
+
 class SLO(Strict):
-    """The service-level floor every user must meet."""
+    """The service-level floor every user must meet, and optional tiers answered by
+    the same search."""
 
     min_user_tok_s: float = Field(default=15.0, gt=0)
     audit_tolerance_pct: float = Field(default=1.0, gt=0)
@@ -270,6 +306,16 @@ class SLO(Strict):
     # A window whose users had a request in flight less than this share of it (each
     # user, dispatch to last byte) measured less load than its N: invalid.
     min_in_flight_pct: float = Field(default=97.0, gt=0, le=100)
+    tiers: list[Tier] = Field(default_factory=list)
+
+    @field_validator("tiers")
+    @classmethod
+    def _unique_names(cls, tiers: list[Tier]) -> list[Tier]:
+        names = [tier.name for tier in tiers]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"tier names must be unique; repeated: {', '.join(repeated)}")
+        return tiers
 
     @property
     def max_loop_lag_ms(self) -> float:

@@ -66,7 +66,7 @@ def make_result(users: int = 28, *, detail: dict[str, Any] | None = None, **row:
 def make_streams(bursty: bool, source: str | None = None) -> StreamSummary:
     """Stream figures of a window whose tokens did (or did not) arrive in lumps."""
     return StreamSummary(
-        tpot_p50_ms=20.0, itl_p50_ms=20.0, itl_p99_ms=40.0, bursty=bursty,
+        tpot_p50_ms=20.0, tpot_p99_ms=30.0, itl_p50_ms=20.0, itl_p99_ms=40.0, bursty=bursty,
         burst_share=0.5 if bursty else 0.0, bursty_requests=5 if bursty else 0,
         judged_requests=10, burst_source=source, tokens_per_chunk_mean=1.0,
         tokens_per_event_mean=1.0, events_per_read_mean=1.0, largest_chunk_share_p50=0.1,

@@ -146,6 +146,7 @@ class StreamSummary:
     """
 
     tpot_p50_ms: float | None
+    tpot_p99_ms: float | None
     itl_p50_ms: float | None
     itl_p99_ms: float | None
     bursty: bool
@@ -179,6 +180,7 @@ def summarize_streams(streams: Sequence[Chunked], decode_tok_s_aggregate: float)
     counted_events = sum(t.events or 0 for t in counted)
     return StreamSummary(
         tpot_p50_ms=_ms(tpots, 50),
+        tpot_p99_ms=_ms(tpots, 99),
         itl_p50_ms=_ms(gaps, 50),
         itl_p99_ms=_ms(gaps, 99),
         bursty=burst_share is not None and burst_share > BURSTY_WINDOW_SHARE,

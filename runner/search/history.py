@@ -9,7 +9,10 @@ from runner.search.policy import Observation
 
 
 def observation(row: WindowRow, detail: WindowDetail) -> Observation:
+    """The window as the search sees it. The latency figures feed SLO tiers; rows
+    written before they were recorded read None, which meets no tier's limit."""
     fault = detail.engine_fault
+    streams = detail.streams
     return Observation(
         users=row.users,
         aggregate_tok_s=row.aggregate_output_tok_s,
@@ -17,6 +20,10 @@ def observation(row: WindowRow, detail: WindowDetail) -> Observation:
         valid=row.valid,
         phase=detail.phase,
         oom=fault is not None and fault.oom_killed,
+        ttft_p99_ms=row.ttft_p99_ms,
+        itl_p99_ms=streams.itl_p99_ms if streams is not None else None,
+        tpot_p99_ms=streams.tpot_p99_ms if streams is not None else None,
+        request_latency_p99_ms=row.request_latency_p99_ms,
     )
 
 

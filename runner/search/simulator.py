@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 import numpy as np
 
 from runner.search.policy import Decision, Observation, SearchParams, Step, decide, next_step
+from runner.search.types import Interval
 
 SHAPES = ("saturating", "kv_cliff", "interior_peak", "low_capacity")
 REFERENCE_WINDOW_S = 300.0
@@ -68,18 +70,29 @@ class Curve:
         return max(meeting, key=self.aggregate_tok_s, default=None)
 
     def measure(
-        self, users: int, window_s: float, phase: str, rng: np.random.Generator
+        self,
+        users: int,
+        window_s: float,
+        phase: str,
+        rng: np.random.Generator,
+        screening: bool = False,
     ) -> Observation:
+        """One noisy window; its noise grows as the window shortens (``screening`` is
+        implied by the length here)."""
         if self.oom_users is not None and users >= self.oom_users:
             return Observation(users, 0.0, 0.0, valid=False, phase=phase, oom=True)
         spread = self.noise_pct / 100 * math.sqrt(REFERENCE_WINDOW_S / window_s)
         aggregate, slowest = 1 + spread * rng.standard_normal(2)
+        aggregate *= self.aggregate_tok_s(users)
+        slowest *= self.min_user_tok_s(users)
         return Observation(
             users=users,
-            aggregate_tok_s=float(self.aggregate_tok_s(users) * aggregate),
-            min_user_tok_s=float(self.min_user_tok_s(users) * slowest),
+            aggregate_tok_s=float(aggregate),
+            min_user_tok_s=float(slowest),
             valid=True,
             phase=phase,
+            aggregate_ci=Interval.around(aggregate, spread),
+            min_user_ci=Interval.around(slowest, spread),
         )
 
 
@@ -135,16 +148,35 @@ class Trace:
     decision: Decision | None = None
 
 
+class Measurable(Protocol):
+    """A curve the search can be run on: this simulator's shapes or
+    :class:`runner.search.serving.ServingCurve`."""
+
+    def measure(
+        self,
+        users: int,
+        window_s: float,
+        phase: str,
+        rng: np.random.Generator,
+        screening: bool = False,
+    ) -> Observation: ...
+
+
 def run_policy(
-    curve: Curve,
+    curve: Measurable,
     params: SearchParams,
     seed: int,
     policy: Callable[[list[Observation], SearchParams], Step | None] = next_step,
     window_s: float = 300.0,
     screening_window_s: float = 60.0,
     max_windows: int = 500,
+    intervals: bool = True,
 ) -> Trace:
-    """Feed ``policy`` with noisy windows from ``curve`` until it stops."""
+    """Feed ``policy`` with noisy windows from ``curve`` until it stops.
+
+    ``intervals=False`` drops the windows' intervals, as rows written before runner
+    measured them have none: the search then runs on its fixed tolerances.
+    """
     rng = np.random.default_rng(seed)
     trace = Trace()
     while (step := policy(trace.history, params)) is not None:
@@ -152,6 +184,9 @@ def run_policy(
             raise RuntimeError(f"the search did not stop within {max_windows} windows")
         length = screening_window_s if step.screening else window_s
         trace.steps.append(step)
-        trace.history.append(curve.measure(step.users, length, step.phase, rng))
+        seen = curve.measure(step.users, length, step.phase, rng, screening=step.screening)
+        if not intervals:
+            seen = replace(seen, aggregate_ci=None, min_user_ci=None)
+        trace.history.append(seen)
     trace.decision = decide(trace.history, params)
     return trace

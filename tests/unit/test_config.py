@@ -16,7 +16,7 @@ from runner.errors import ConfigError
 from runner.prepare.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
-GROUPS = ["image", "model", "kv", "engine", "workload", "search", "backend", "tracking"]
+GROUPS = ["image", "model", "kv", "engine", "workload", "search", "backend", "slo", "tracking"]
 HW_PROFILES = sorted(path.stem for path in (CONF / "hw").glob("*.yaml"))
 
 
@@ -105,7 +105,9 @@ def test_gpu_profiles_measure_with_seed_004_windows_and_the_cpu_with_short_ones(
     assert gpu.start_users == 7
     cpu = compose_config().search
     assert cpu.kind == "bracket"
-    assert cpu.window_s <= 20.0 and cpu.warmup_s <= 5.0 and cpu.confirm_repeats < gpu.confirm_repeats
+    # Short windows, screening for the doubling: the default run answers in minutes.
+    assert cpu.window_s <= 30.0 and cpu.warmup_s <= 5.0 and cpu.confirm_repeats < gpu.confirm_repeats
+    assert cpu.screening_window_s is not None and cpu.screening_window_s < cpu.window_s
 
 
 def test_the_search_ceiling_follows_the_engines_max_num_seqs() -> None:

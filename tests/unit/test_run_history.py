@@ -6,6 +6,7 @@ The faults come from the backends' own classification (:func:`process_fault`,
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -124,3 +125,20 @@ def test_a_second_runner_on_the_same_run_id_or_folder_is_refused(tmp_path: Path)
             RunLock(tmp_path / "a", "s", tmp_path / "cache").__enter__()
     with RunLock(tmp_path / "b", "r", tmp_path / "cache"):  # released with the first
         assert (tmp_path / "b" / ".runner.lock").read_text() == str(os.getpid())
+
+
+def test_the_search_sees_the_latency_figures_slo_tiers_need() -> None:
+    """A tier's TTFT, ITL, TPOT and request-latency ceilings are judged on the row's
+    p99 figures and the streams' ITL/TPOT p99; a window without streams meets no
+    ITL or TPOT ceiling."""
+    result = window(7)
+    (seen,) = search_history([result], relaunch=False)
+    assert result.detail.streams is not None
+    assert (seen.ttft_p99_ms, seen.request_latency_p99_ms) == (
+        result.row.ttft_p99_ms, result.row.request_latency_p99_ms,
+    )  # fmt: skip
+    assert seen.itl_p99_ms == result.detail.streams.itl_p99_ms
+    assert seen.tpot_p99_ms == result.detail.streams.tpot_p99_ms
+    bare = dataclasses.replace(result, detail=dataclasses.replace(result.detail, streams=None))
+    (old,) = search_history([bare], relaunch=False)
+    assert old.itl_p99_ms is None and old.aggregate_ci is None and old.min_user_ci is None

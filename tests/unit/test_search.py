@@ -8,6 +8,7 @@ import pytest
 from runner.config import SLO, BracketSearch, FixedSearch
 from runner.search.policy import Observation, SearchParams, Step, decide, next_step
 from runner.search.simulator import SHAPES, Curve, draw_curve, run_policy
+from runner.search.view import View
 
 BRACKET = SearchParams()
 SCREENED = SearchParams(screening=True)
@@ -145,26 +146,45 @@ def test_refinement_never_measures_a_user_count_twice_at_full_length() -> None:
 
 
 def test_neighbourhood_covers_every_integer_around_an_interior_peak() -> None:
-    """Seed 004 §9 step 6: every user count within 2 of the peak gets a full window."""
+    """Seed 004 §9 step 6: every user count within 2 of the peak gets a full window.
+    With intervals the pooled windows speak for the counts between, and the scan
+    shrinks to the peak's two neighbours."""
     curve = noiseless("interior_peak", seed=3)
     optimum = curve.optimum(15.0, BRACKET.max_users)
     assert optimum is not None
-    trace = run_policy(curve, SCREENED, seed=0)
-    full = {obs.users for obs, step in zip(trace.history, trace.steps) if not step.screening}
-    assert set(range(optimum - 2, optimum + 3)) <= full
+    for intervals, radius in ((False, 2), (True, 1)):
+        trace = run_policy(curve, SCREENED, seed=0, intervals=intervals)
+        full = {obs.users for obs, step in zip(trace.history, trace.steps) if not step.screening}
+        assert set(range(optimum - radius, optimum + radius + 1)) <= full, intervals
 
 
 def test_confirmation_repeats_the_best_and_its_neighbours() -> None:
-    """Seed 004 §9 step 7: the provisional best and both neighbours end with three
-    full windows each, earlier full windows at the same count included."""
+    """Seed 004 §9 step 7, windows without intervals: the provisional best and both
+    neighbours end with three full windows each, earlier full windows at the same
+    count included."""
     curve = noiseless("saturating", seed=1)
-    trace = run_policy(curve, SCREENED, seed=0)
+    trace = run_policy(curve, SCREENED, seed=0, intervals=False)
     best = trace.decision.best_users if trace.decision else None
     assert best is not None
     for users in (best - 1, best):
         full = [s for s in trace.steps if s.users == users and not s.screening]
         assert len(full) == 3
     assert trace.steps[-1].phase == "confirm"
+
+
+def test_with_intervals_the_best_is_confirmed_by_the_evidence_round_it() -> None:
+    """With intervals a neighbour's windows count towards the best's confirmation
+    through the local fit: the chosen count has a full window of its own and a fit
+    at least as narrow as three windows give, and the trio costs fewer than the
+    nine windows of seed 004 §9.7 to the letter."""
+    curve = draw_curve("saturating", 1, noise_pct=NOISE_PCT)
+    trace = run_policy(curve, SCREENED, seed=1)
+    assert trace.decision is not None and trace.decision.best_users is not None
+    best = trace.decision.best_users
+    view = View(trace.history, SCREENED, SCREENED.default)
+    assert view.confirmed(best) and best in view.full_windows
+    trio = [s for s in trace.steps if abs(s.users - best) <= 1 and not s.screening]
+    assert len(trio) < 9
 
 
 def test_a_confirmation_window_under_the_floor_moves_the_answer_down() -> None:

@@ -1,0 +1,278 @@
+"""What several windows say together: pooled figures, draws, local curve fits, cliffs.
+
+Each window may carry 95% intervals (:class:`~runner.search.types.Interval`) for its
+aggregate and its slowest user's rate. Where they are there, windows are pooled by
+inverse variance, two user counts are a draw when their intervals overlap, and a
+figure at a user count is read off a local fit of log(figure) on log(users) through
+every nearby window: past saturation the per-user rate falls about as c/N, so the
+fit is close to a line there, and it lets the windows at 30 and 32 users speak
+about 31. Without intervals (rows written before runner measured them) the fixed
+``negligible_gain_pct`` tolerance decides draws, as it always did.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+
+import numpy as np
+
+from runner.measure.uncertainty import Z95
+from runner.search.types import Interval, Metric, Observation
+
+Z_ONE_SIDED = 1.644854  # one-sided 95%: "meets the floor" is a one-sided claim
+# Windows this far away (a factor in users) still inform a fit, with falling weight.
+FIT_SPAN = 1.5
+# No interval is narrower than this share of its figure: a noiseless simulated window
+# would otherwise get an infinite weight.
+MIN_RELATIVE_SE = 1e-4
+# A cliff: the slowest user's rate falls faster than N^-CLIFF_POWER between two
+# adjacent user counts (1/N is saturation, 1/N^2 a falling aggregate), beyond noise.
+CLIFF_POWER = 3.0
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """One user count's windows taken together (for one figure)."""
+
+    users: int
+    estimate: float
+    interval: Interval | None
+    windows: int
+
+
+@dataclass(frozen=True)
+class Fit:
+    """log(figure) at one user count, from a local fit, and its standard error."""
+
+    users: int
+    log_value: float
+    se: float
+    slope: float = 0.0  # d log(figure) / d log(users); 0 where there is no slope
+    slope_se: float = math.inf
+    scatter: float = 1.0  # weighted residual variance over what the intervals allow
+
+    @property
+    def value(self) -> float:
+        return math.exp(self.log_value)
+
+    def bound(self, z: float) -> float:
+        """``value`` moved ``z`` standard errors (negative: down)."""
+        return math.exp(min(700.0, max(-700.0, self.log_value + z * self.se)))
+
+
+@dataclass(frozen=True)
+class Cliff:
+    """The slowest user's rate collapses between two adjacent measured counts."""
+
+    below: int
+    above: int
+    below_tok_s: float
+    above_tok_s: float
+
+
+def relative_se(value: float, interval: Interval | None) -> float | None:
+    """The standard error of log(value) a 95% interval implies."""
+    if interval is None or value <= 0:
+        return None
+    return max(interval.half_width / (Z95 * value), MIN_RELATIVE_SE)
+
+
+def has_intervals(windows: Iterable[Observation], metric: Metric) -> bool:
+    """Whether there are windows and every one carries an interval for ``metric``."""
+    seen = False
+    for obs in windows:
+        if obs.interval(metric) is None:
+            return False
+        seen = True
+    return seen
+
+
+def pool_aggregate(users: int, windows: Sequence[Observation], median: bool = True) -> Pooled:
+    """The count's aggregate: the median of its windows (seed 004 §9.8; the mean when
+    ``median`` is false), with the inverse-variance pooled interval when every
+    window has one."""
+    values = [obs.aggregate_tok_s for obs in windows]
+    centre_value = float(np.median(values) if median else np.mean(values))
+    ses = [relative_se(obs.aggregate_tok_s, obs.aggregate_ci) for obs in windows]
+    if not windows or any(se is None for se in ses):
+        return Pooled(users, centre_value, None, len(windows))
+    weights = np.array([1 / se**2 for se in ses if se is not None])
+    logs = np.log(np.maximum(values, 1e-12))
+    centre = float(np.sum(weights * logs) / weights.sum())
+    half = Z95 / math.sqrt(weights.sum())
+    return Pooled(
+        users,
+        centre_value,
+        Interval(math.exp(centre - half), math.exp(centre + half)),
+        len(windows),
+    )
+
+
+def draw(a: Pooled, b: Pooled, tolerance_pct: float) -> bool:
+    """Two counts' aggregates are a draw: their intervals are too wide to tell them
+    apart, or without intervals they lie within ``tolerance_pct`` of the higher one.
+
+    "Too wide" is the 95% interval of their difference holding zero. That is the
+    overlap of intervals sized for it (84% each when the two are equally sure);
+    two 95% intervals overlap up to a difference of about 2.8 standard errors, and
+    a draw that wide would hand the larger count throughput it does not have.
+    """
+    if a.interval is not None and b.interval is not None:
+        se_a, se_b = (relative_se(p.estimate, p.interval) for p in (a, b))
+        if se_a is not None and se_b is not None:
+            difference = abs(math.log(a.estimate / b.estimate))
+            return difference <= Z95 * math.sqrt(se_a**2 + se_b**2)
+        return a.interval.overlaps(b.interval)
+    top = max(a.estimate, b.estimate)
+    return min(a.estimate, b.estimate) >= top * (1 - tolerance_pct / 100)
+
+
+def clearly_below(a: Pooled, b: Pooled, tolerance_pct: float) -> bool:
+    """``a`` trails ``b`` beyond noise: a's interval lies wholly under b's, or without
+    intervals a trails by more than twice the tolerance."""
+    if a.interval is not None and b.interval is not None:
+        return a.estimate < b.estimate and not draw(a, b, tolerance_pct)
+    return a.estimate < b.estimate * (1 - 2 * tolerance_pct / 100)
+
+
+def local_fit(windows: Sequence[Observation], metric: Metric, users: int) -> Fit | None:
+    """log(metric) at ``users`` from a kernel-weighted local line in log(users).
+
+    Only windows with an interval and a positive figure inform it, weighted by
+    inverse variance times a tricube kernel of their distance in log(users) (nothing
+    beyond a factor of :data:`FIT_SPAN`). With a single user count in reach there is
+    no slope: the fit is that count's pooled figure, and only at that count. The
+    standard error is inflated when the windows scatter more than their intervals
+    say (a curve that is not locally a power law, intervals too narrow).
+    """
+    x0 = math.log(users)
+    xs, ys, variances, kernel = [], [], [], []
+    for obs in windows:
+        value = obs.value(metric)
+        se = relative_se(value, obs.interval(metric)) if value else None
+        if value is None or se is None:
+            continue
+        distance = abs(math.log(obs.users) - x0) / math.log(FIT_SPAN)
+        if distance >= 0.95:
+            continue
+        xs.append(math.log(obs.users) - x0)
+        ys.append(math.log(value))
+        variances.append(se**2)
+        kernel.append((1 - distance**3) ** 3)
+    if not xs:
+        return None
+    x, y, var, k = map(np.asarray, (xs, ys, variances, kernel))
+    w = k / var
+    design = np.column_stack([np.ones_like(x), x])
+    normal = design.T @ (design * w[:, None])
+    if np.ptp(x) == 0 or np.linalg.cond(normal) > 1e12:
+        here = x == 0
+        if not here.any():
+            return None
+        return Fit(
+            users,
+            float(np.sum(y[here] / var[here]) / np.sum(1 / var[here])),
+            float(1 / math.sqrt(np.sum(1 / var[here]))),
+        )
+    inverse = np.linalg.inv(normal)
+    beta = inverse @ (design.T @ (w * y))
+    # Sandwich: the kernel weights are not the inverse variances.
+    middle = design.T @ (design * (w**2 * var)[:, None])
+    se = math.sqrt(float((inverse @ middle @ inverse)[0, 0]))
+    slope_se = math.sqrt(float((inverse @ middle @ inverse)[1, 1]))
+    residual = y - design @ beta
+    dof = len(x) - 2
+    scatter = 1.0
+    if dof >= 2:
+        scatter = float(np.sum(k * residual**2 / var) / np.sum(k) * len(x) / dof)
+        se *= math.sqrt(max(1.0, scatter))
+        slope_se *= math.sqrt(max(1.0, scatter))
+    return Fit(users, float(beta[0]), se, float(beta[1]), slope_se, scatter)
+
+
+def pooled_rates(windows: Iterable[Observation]) -> dict[int, Pooled]:
+    """The slowest user's rate per count, over valid windows: inverse-variance
+    pooled when every window has an interval, the mean otherwise."""
+    grouped: dict[int, list[Observation]] = {}
+    for obs in windows:
+        if obs.valid and not obs.oom:
+            grouped.setdefault(obs.users, []).append(obs)
+    pooled = {}
+    for users, group in grouped.items():
+        rates = [obs.min_user_tok_s for obs in group]
+        ses = [relative_se(obs.min_user_tok_s, obs.min_user_ci) for obs in group]
+        if any(se is None for se in ses) or min(rates) <= 0:
+            pooled[users] = Pooled(users, float(np.mean(rates)), None, len(group))
+            continue
+        weights = np.array([1 / se**2 for se in ses if se is not None])
+        centre = float(np.sum(weights * np.log(rates)) / weights.sum())
+        half = Z95 / math.sqrt(weights.sum())
+        pooled[users] = Pooled(
+            users,
+            math.exp(centre),
+            Interval(math.exp(centre - half), math.exp(centre + half)),
+            len(group),
+        )
+    return pooled
+
+
+def find_cliffs(rates: dict[int, Pooled]) -> list[Cliff]:
+    """Adjacent measured counts between which the slowest user collapses: the rate
+    falls faster than N^-CLIFF_POWER, beyond noise."""
+    cliffs = []
+    counts = sorted(rates)
+    for low, high in pairwise(counts):
+        a, b = rates[low], rates[high]
+        steepest = (low / high) ** CLIFF_POWER
+        if a.interval is not None and b.interval is not None:
+            collapsed = b.interval.high < a.interval.low * steepest
+        else:
+            collapsed = b.estimate < 0.9 * a.estimate * steepest
+        if collapsed:
+            cliffs.append(Cliff(low, high, a.estimate, b.estimate))
+    return cliffs
+
+
+def merge_cliffs(cliffs: Sequence[Cliff]) -> list[Cliff]:
+    """Cliffs that follow one another (36 to 37 to 38) as one (36 to 38)."""
+    merged: list[Cliff] = []
+    for cliff in cliffs:
+        if merged and merged[-1].above == cliff.below:
+            merged[-1] = Cliff(
+                merged[-1].below, cliff.above, merged[-1].below_tok_s, cliff.above_tok_s
+            )
+        else:
+            merged.append(cliff)
+    return merged
+
+
+def non_monotonic(
+    aggregates: dict[int, Pooled], rates: dict[int, Pooled], tolerance_pct: float
+) -> list[str]:
+    """What bends the wrong way: the aggregate falling and then rising again, or the
+    slowest user getting faster with more users, beyond noise."""
+    notes = []
+    counts = sorted(aggregates)
+    for i, middle in enumerate(counts[1:-1], 1):
+        before = max(counts[:i], key=lambda n: aggregates[n].estimate)
+        after = max(counts[i + 1 :], key=lambda n: aggregates[n].estimate)
+        if clearly_below(aggregates[middle], aggregates[before], tolerance_pct) and clearly_below(
+            aggregates[middle], aggregates[after], tolerance_pct
+        ):
+            notes.append(
+                f"the aggregate dips at {middle} users ({aggregates[middle].estimate:.1f} tok/s) "
+                f"between {before} and {after} users"
+            )
+            break
+    ordered = sorted(rates)
+    for low, high in pairwise(ordered):
+        if clearly_below(rates[low], rates[high], tolerance_pct):
+            notes.append(
+                f"the slowest user is faster at {high} users ({rates[high].estimate:.2f} tok/s) "
+                f"than at {low} ({rates[low].estimate:.2f} tok/s)"
+            )
+            break
+    return notes

@@ -1,0 +1,132 @@
+"""SLO tiers: the configuration, and one search that answers every tier.
+
+The curves are :mod:`runner.search.serving`'s engine model, which also gives each
+window's TTFT, ITL and request latency, so tiers can be bound by a latency ceiling.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from runner.config import SLO, BracketSearch, build_config
+from runner.errors import ConfigError
+from runner.search.params import SearchParams
+from runner.search.policy import decide, next_step
+from runner.search.serving import ServingCurve, draw_serving_curve
+from runner.search.simulator import run_policy
+from runner.search.types import Constraint, Objective
+from tests.unit.test_config import compose_config
+
+INTERACTIVE = Objective(
+    "interactive", (Constraint("min_user_tok_s", 30.0), Constraint("ttft_p99_ms", 1000.0))
+)
+STANDARD = Objective(
+    "standard", (Constraint("min_user_tok_s", 15.0), Constraint("ttft_p99_ms", 900.0))
+)
+BATCH = Objective("batch", (Constraint("min_user_tok_s", 5.0),))
+TIERED = SearchParams(screening=True, tiers=(INTERACTIVE, STANDARD, BATCH))
+
+
+def true_max_users(curve: ServingCurve, tier: Objective) -> tuple[int, str]:
+    """The most users whose true figures meet every constraint, and the constraint
+    the next user breaks."""
+    users = 0
+    while True:
+        state = curve.state(users + 1)
+        broken = [c for c in tier.constraints if not c.met(getattr(state, c.metric))]
+        if broken:
+            return users, broken[0].label
+        users += 1
+
+
+def test_one_search_answers_every_tier_with_the_constraint_that_binds() -> None:
+    """Three tiers from one search: each tier's answer truly meets all of its limits,
+    lies close under the true maximum, and names the limit that stops one user
+    more; the standard tier's TTFT ceiling binds before its floor does."""
+    curve = draw_serving_curve("decode_bound", 4)
+    trace = run_policy(curve, TIERED, seed=4)
+    assert trace.decision is not None
+    answers = {tier.name: tier for tier in trace.decision.tiers}
+    assert list(answers) == ["interactive", "standard", "batch"]
+    for tier in TIERED.tiers:
+        answer = answers[tier.name]
+        most, binding = true_max_users(curve, tier)
+        assert answer.max_users is not None, answer.reason
+        state = curve.state(answer.max_users)
+        assert all(c.met(getattr(state, c.metric)) for c in tier.constraints), tier.name
+        assert answer.max_users >= 0.85 * most, (tier.name, answer.max_users, most)
+        assert answer.binding == binding, (tier.name, answer.binding)
+        assert answer.median_aggregate_tok_s is not None
+        assert answer.users_range is not None
+    assert answers["standard"].binding.startswith("ttft_p99_ms")
+    # The default floor is still answered, from the same windows.
+    assert trace.decision.best_users is not None
+    assert curve.min_user_tok_s(trace.decision.best_users) >= 15.0 * 0.97
+
+
+def test_a_tier_nothing_meets_has_no_answer_and_says_why() -> None:
+    impossible = Objective("instant", (Constraint("ttft_p99_ms", 1.0),))
+    params = SearchParams(screening=True, tiers=(impossible,))
+    trace = run_policy(draw_serving_curve("decode_bound", 4), params, seed=0)
+    assert trace.decision is not None
+    (answer,) = trace.decision.tiers
+    assert answer.max_users is None
+    assert "ttft_p99_ms <= 1 ms" in answer.reason
+    assert trace.decision.best_users is not None
+
+
+def test_replaying_a_tiered_history_gives_the_same_steps() -> None:
+    """A resumed run replays its rows: with tiers too, every prefix leads to the
+    window that was measured next, and the whole history to the same answers."""
+    trace = run_policy(draw_serving_curve("decode_bound", 4), TIERED, seed=7)
+    for index, step in enumerate(trace.steps):
+        assert next_step(trace.history[:index], TIERED) == step
+    assert next_step(trace.history, TIERED) is None
+    assert decide(list(trace.history), TIERED) == trace.decision
+
+
+def test_without_tiers_the_decision_has_none() -> None:
+    params = SearchParams.from_config(BracketSearch(kind="bracket"), SLO())
+    assert params.tiers == ()
+    trace = run_policy(draw_serving_curve("prefill_bound", 2), SearchParams(), seed=2)
+    assert trace.decision is not None and trace.decision.tiers == ()
+
+
+def test_tiers_come_from_the_configuration_in_order() -> None:
+    config = compose_config("slo=tiers", "dry_run=true")
+    params = SearchParams.from_config(config.search, config.slo)
+    assert [tier.name for tier in params.tiers] == ["interactive", "standard", "batch"]
+    interactive = params.tiers[0]
+    assert [c.label for c in interactive.constraints] == [
+        "min_user_tok_s >= 30 tok/s",
+        "ttft_p99_ms <= 1000 ms",
+    ]
+    assert config.slo.min_user_tok_s == 15.0  # the default floor stays
+
+
+def test_a_tier_on_the_command_line() -> None:
+    config = compose_config("slo.tiers=[{name:fast,itl_p99_ms:50,request_latency_p99_ms:20000}]")
+    (tier,) = config.slo.tiers
+    assert tier.limits() == [("itl_p99_ms", 50.0), ("request_latency_p99_ms", 20000.0)]
+
+
+@pytest.mark.parametrize(
+    ("tiers", "words"),
+    [
+        ([{"name": "empty"}], ["tier 'empty' sets no limit", "ttft_p99_ms"]),
+        (
+            [{"name": "a", "min_user_tok_s": 5}, {"name": "a", "ttft_p99_ms": 100}],
+            ["unique", "a"],
+        ),
+        ([{"name": "two words", "min_user_tok_s": 5}], ["slo.tiers.0.name"]),
+        ([{"name": "x", "ttft_p95_ms": 100}], ["ttft_p95_ms", "did you mean"]),
+        ([{"name": "x", "min_user_tok_s": -1}], ["greater than 0"]),
+    ],
+)
+def test_bad_tiers_are_refused_in_one_paragraph(tiers: list[dict], words: list[str]) -> None:
+    data = compose_config().model_dump()
+    data["slo"]["tiers"] = tiers
+    with pytest.raises(ConfigError) as refused:
+        build_config(data)
+    for word in words:
+        assert word in str(refused.value)
