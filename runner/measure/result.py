@@ -19,6 +19,7 @@ from runner.engines.base import EngineFault
 from runner.measure.gates import OfferedLoad
 from runner.measure.records import ClientHealth, GpuFigures, PowerSource
 from runner.measure.streams import StreamSummary
+from runner.measure.uncertainty import Interval
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,8 @@ class WindowDetail:
     # Every user in flight, yet the engine's scheduler held well under N: the requests
     # waited in its API frontend (runner.measure.gates.frontend_bound).
     frontend_bound: bool = False
+    aggregate_ci: Interval | None = None
+    min_user_ci: Interval | None = None
     # "off", or how the window met the prefix cache: "cold" (salted) or "warm".
     prefix_cache: str = "off"
     streams: StreamSummary | None = None

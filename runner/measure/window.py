@@ -23,6 +23,7 @@ from runner.measure.gates import frontend_bound, judge, offered_load, offered_lo
 from runner.measure.records import MetricsSample, RequestRecord, WindowMeasurement
 from runner.measure.result import BucketStats, QueueSummary, WindowDetail, WindowResult, WindowRow
 from runner.measure.streams import summarize_streams
+from runner.measure.uncertainty import aggregate_interval, slowest_user_interval
 
 
 def percentile_ms(seconds: Sequence[float], q: float) -> float | None:
@@ -176,6 +177,7 @@ def summarize_window(
         client = judge(client, max_loop_lag_ms)
         invalid.extend(client.reasons)
     load = offered_load(m.records, m.users, m.t0, m.t1, m.samples)
+    request_s = float(np.median(latency)) if latency else span_s
     if min_in_flight_pct is not None:
         invalid.extend(offered_load_reasons(load, m.users, min_in_flight_pct))
 
@@ -228,6 +230,11 @@ def summarize_window(
         warmup_s=m.warmup_s,
         queue=_queue_summary(m.samples),
         offered_load=load,
+        # 95% intervals of the two figures the search decides on (runner.measure.uncertainty).
+        aggregate_ci=aggregate_interval(aggregate, *_counter_steps(m), request_s=request_s),
+        min_user_ci=slowest_user_interval(
+            _user_seconds(m, span_s), _bin_seconds(span_s), request_s=request_s
+        ),
         frontend_bound=min_in_flight_pct is not None
         and frontend_bound(load, m.users, min_in_flight_pct),
         prefix_cache=prefix_cache,
@@ -254,6 +261,36 @@ def summarize_window(
         + ([round(m.end_read_s * 1000, 3)] if m.end is not None else []),
     )
     return WindowResult(row=row, detail=detail)
+
+
+def _counter_steps(m: WindowMeasurement) -> tuple[list[float], list[float]]:
+    """The server counter's growth between consecutive 1 Hz reads inside the window,
+    and the seconds each step spans."""
+    reads = [
+        (s.at, s.metrics.generation_tokens_total)
+        for s in m.samples
+        if m.t0 <= s.at <= m.t1 and s.metrics.generation_tokens_total is not None
+    ]
+    steps = [(b[1] - a[1], b[0] - a[0]) for a, b in zip(reads, reads[1:]) if b[0] > a[0]]
+    return [delta for delta, _ in steps], [seconds for _, seconds in steps]
+
+
+def _bin_seconds(span_s: float) -> list[float]:
+    """One-second bins over the window, the last one what is left of it."""
+    whole = int(span_s)
+    rest = span_s - whole
+    return [1.0] * whole + ([rest] if rest > 1e-6 else [])
+
+
+def _user_seconds(m: WindowMeasurement, span_s: float) -> list[list[float]]:
+    """Tokens each user received in each one-second bin of the window."""
+    bins = len(_bin_seconds(span_s))
+    counts = [[0.0] * bins for _ in range(m.users)]
+    for record in m.records:
+        for arrived, tokens in zip(record.chunk_times, record.chunk_tokens):
+            if m.t0 <= arrived <= m.t1:
+                counts[record.user][min(bins - 1, int(arrived - m.t0))] += tokens
+    return counts
 
 
 def _queue_summary(samples: Sequence[MetricsSample]) -> QueueSummary:

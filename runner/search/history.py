@@ -24,6 +24,8 @@ def observation(row: WindowRow, detail: WindowDetail) -> Observation:
         itl_p99_ms=streams.itl_p99_ms if streams is not None else None,
         tpot_p99_ms=streams.tpot_p99_ms if streams is not None else None,
         request_latency_p99_ms=row.request_latency_p99_ms,
+        aggregate_ci=detail.aggregate_ci,
+        min_user_ci=detail.min_user_ci,
     )
 
 

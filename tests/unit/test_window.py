@@ -328,3 +328,34 @@ def test_a_window_whose_engine_held_less_than_its_users_is_frontend_bound() -> N
     full = [MetricsSample(at, running_waiting(3, 1)) for at in (101.0, 105.0, 109.0)]
     assert not measure(records, 4, server_tokens=40, samples=full,
                        min_in_flight_pct=97.0).detail.frontend_bound  # fmt: skip
+
+
+def test_a_long_steady_window_carries_95_percent_intervals_a_short_one_does_not() -> None:
+    """The search decides on intervals when windows carry them: batch means over the
+    1 Hz counter for the aggregate, over each user's seconds for the slowest user."""
+    t1 = T0 + 60.0
+    records, samples = [], []
+    for user in range(2):
+        # 30 requests of 2 s each, 40 tokens per second, with a little jitter.
+        for k in range(30):
+            start = T0 + 2.0 * k
+            chunks = [(start + 0.5 + 0.05 * i, 2 + (i + user + k) % 2) for i in range(30)]
+            records.append(record(user, start, chunks, finished=start + 2.0))
+    total = 0.0
+    for second in range(61):
+        total += sum(n for r in records for t, n in zip(r.chunk_times, r.chunk_tokens)
+                     if T0 + second - 1 < t <= T0 + second)  # fmt: skip
+        samples.append(MetricsSample(T0 + second, metrics(1000.0 + total)))
+    tokens = sum(r.tokens_between(T0, t1) for r in records)
+    measurement = WindowMeasurement(
+        timestamp_utc="t", users=2, user_buckets=[1000, 1000], window_s=60.0, t0=T0, t1=t1,
+        records=records, start=metrics(1000.0), end=metrics(1000.0 + tokens), samples=samples,
+    )  # fmt: skip
+    result = summarize_window(measurement, run_id="r", config_id="c", phase="confirm",
+                              audit_tolerance_pct=1.0)  # fmt: skip
+    ci = result.detail.aggregate_ci
+    assert ci is not None and ci.low < result.row.aggregate_output_tok_s < ci.high
+    slow = result.detail.min_user_ci
+    assert slow is not None and slow.low <= result.row.min_user_tok_s <= slow.high
+    short = measure([record(0, 99.0, [(101.0, 10)])], 1, server_tokens=10)
+    assert short.detail.aggregate_ci is None and short.detail.min_user_ci is None
