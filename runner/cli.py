@@ -84,7 +84,8 @@ def app(cfg: DictConfig) -> Any:
     shutdown.install()
     try:
         config = build_config(to_plain(cfg))
-        summary = execute(config, console)
+        job = HydraConfig.get().job.num if _in_multirun() else None
+        summary = execute(config, console, job)
     except RunnerError as exc:
         print_error(err, exc)
         if _in_multirun():

@@ -145,9 +145,12 @@ def workload_family(workload: Workload) -> str:
     return "".join(f"-{mark}" for mark in marks)
 
 
-def new_run_id(config: RunConfig, now: datetime | None = None) -> str:
-    """``<hw>-<model>-<YYYYMMDD-HHMMSS>`` in UTC (seed 004 §1)."""
+def new_run_id(config: RunConfig, now: datetime | None = None, job: int | None = None) -> str:
+    """``<hw>-<model>-<YYYYMMDD-HHMMSS>`` in UTC (seed 004 §1); a multirun's job adds
+    ``-j<N>``, since parallel jobs start in the same second."""
     moment = (now or datetime.now(UTC)).astimezone(UTC)
     hw = "cpu" if config.hw is None else config.hw.name
-    parts = (hw, config.model.name, moment.strftime("%Y%m%d-%H%M%S"))
+    parts = [hw, config.model.name, moment.strftime("%Y%m%d-%H%M%S")]
+    if job is not None:
+        parts.append(f"j{job}")
     return "-".join(part.replace("_", "-") for part in parts)

@@ -94,13 +94,14 @@ def write_atomically(path: Path, text: str) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def prepare(config: RunConfig) -> tuple[RunContext, list[str]]:
-    """Validate, pin the model revision and name the run; raises ConfigError early."""
+def prepare(config: RunConfig, job: int | None = None) -> tuple[RunContext, list[str]]:
+    """Validate, pin the model revision and name the run (``job``: a multirun's job
+    number, part of a generated run_id); raises ConfigError early."""
     config = load_architecture(config)  # model.hf_config is validated by its content
     warnings = validate.validate(config, machine_memory())
     config, resolved = pin_model(config, warnings)
     config_id = identity.config_id(config)
-    run_id = config.run_id or identity.new_run_id(config)
+    run_id = config.run_id or identity.new_run_id(config, job=job)
     results_dir = Path(config.results.dir).expanduser().resolve()
     if config.run_id is not None:
         results_dir = resume_folder(results_dir, run_id)

@@ -34,10 +34,12 @@ from runner.run.resume import check_resumable
 from runner.run.summary import RunSummary
 
 
-def execute(config: RunConfig, console: Console | None = None) -> RunSummary:
+def execute(
+    config: RunConfig, console: Console | None = None, job: int | None = None
+) -> RunSummary:
     """Run one capacity search (or benchmark) end to end; returns its summary."""
     console = console or Console()
-    context, warnings = prepare(config)
+    context, warnings = prepare(config, job)
     for warning in warnings:
         console.print(f"[yellow]warning:[/] {warning}")
     host_model_dir, engine_model_path = model_location(context)

@@ -110,3 +110,5 @@ def test_run_id_names_box_model_and_utc_time() -> None:
     moment = datetime(2026, 7, 10, 12, 30, 5, tzinfo=UTC)
     assert new_run_id(make_config(), moment) == "rtx5090-llama31-8b-nvfp4-20260710-123005"
     assert new_run_id(make_config(hw=None), moment).startswith("cpu-llama31-8b-nvfp4-")
+    # Parallel jobs of one sweep start in the same second: the job number tells them apart.
+    assert new_run_id(make_config(), moment, job=3) == "rtx5090-llama31-8b-nvfp4-20260710-123005-j3"
