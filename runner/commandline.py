@@ -25,8 +25,8 @@ from omegaconf import OmegaConf
 from runner.compose import config_dir
 from runner.config import did_you_mean
 from runner.errors import ConfigError
-from runner.prepare.launch import API_KEY_VARIABLE, SECRET_FLAGS, owned_flag
-from runner.secret import has_credentials, is_env_name, is_secret_name
+from runner.prepare.launch import SECRET_FLAGS, owned_flag
+from runner.secret import API_KEY_VARIABLE, has_credentials, is_env_name, is_secret_name
 
 # Hydra's flags that take a value as the next word (or after "=").
 _VALUE_FLAGS = {"--config-dir": "config_dir", "-cd": "config_dir",

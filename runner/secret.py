@@ -27,7 +27,19 @@ _USERINFO = re.compile(r"(://)[^/?#\s@]*@")
 _SECRET_QUERY = re.compile(
     r"([?&;][^=&#\s]*(?:token|key|secret|pass|sig|auth|cred)[^=&#\s]*=)[^&#\s]*", re.IGNORECASE
 )
+API_KEY_VARIABLE = "VLLM_API_KEY"
+HF_TOKEN_VARIABLE = "HF_TOKEN"
+# Secrets runner hands to the engine only when the plan names them; a local engine
+# does not inherit them from runner's environment otherwise.
+MANAGED_SECRETS = (API_KEY_VARIABLE, HF_TOKEN_VARIABLE, "HUGGING_FACE_HUB_TOKEN")
+_TRUE = {"1", "true", "yes", "on"}
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def hub_offline(env: dict[str, str]) -> bool:
+    """Whether huggingface_hub in an engine with environment ``env`` stays offline (so
+    an HF token would have nothing to do there)."""
+    return env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
 def is_secret_name(name: str) -> bool:

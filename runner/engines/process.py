@@ -31,7 +31,7 @@ import psutil
 from runner import shutdown
 from runner.engines.base import EngineFault, LaunchPlan, process_fault
 from runner.errors import EngineStartError
-from runner.prepare.launch import HF_TOKEN_VARIABLE, MANAGED_SECRETS, hub_offline
+from runner.secret import HF_TOKEN_VARIABLE, MANAGED_SECRETS, hub_offline
 
 log = logging.getLogger("runner")
 

@@ -14,6 +14,7 @@ import shlex
 
 from runner.config import Backend, Model, RunConfig
 from runner.engines.base import LaunchPlan
+from runner.secret import API_KEY_VARIABLE, HF_TOKEN_VARIABLE, hub_offline
 
 # Where the Hugging Face hub cache is mounted inside a container (seed 003 Step 7).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -24,12 +25,6 @@ DEFAULT_HOST_HF_CACHE = "~/.cache/huggingface/hub"
 UNRESOLVED_REVISION = "<unresolved-revision>"
 
 # The variable vLLM reads its API key from, and huggingface_hub its token from.
-API_KEY_VARIABLE = "VLLM_API_KEY"
-HF_TOKEN_VARIABLE = "HF_TOKEN"
-# Secrets runner hands to the engine only when the plan names them; a local engine
-# does not inherit them from runner's environment otherwise.
-MANAGED_SECRETS = (API_KEY_VARIABLE, HF_TOKEN_VARIABLE, "HUGGING_FACE_HUB_TOKEN")
-_TRUE = {"1", "true", "yes", "on"}
 
 # Engine flags that carry a secret on the command line, where `ps` on the host reads
 # it; runner passes these through the environment instead (vLLM 0.32 --help=all).
@@ -119,11 +114,6 @@ def owned_flag(arg: str, owners: dict[str, str]) -> str | None:
 def kv_cache_bytes(gib: float) -> int:
     """``engine.kv_cache_memory_gib`` as the integer vLLM's --kv-cache-memory-bytes takes."""
     return round(gib * 2**30)
-
-
-def hub_offline(env: dict[str, str]) -> bool:
-    """Whether huggingface_hub in an engine with environment ``env`` stays offline."""
-    return env.get("HF_HUB_OFFLINE", "").strip().lower() in _TRUE
 
 
 def hub_cache_folder(repo: str) -> str:

@@ -16,13 +16,12 @@ from runner.config import RunConfig
 from runner.errors import ConfigError
 from runner.prepare.generated import MIN_VOCAB_SIZE
 from runner.prepare.launch import (
-    API_KEY_VARIABLE,
     SECRET_FLAGS,
     TYPED_ENV,
     TYPED_FLAGS,
     owned_flag,
 )
-from runner.secret import has_credentials, is_secret_name, redact
+from runner.secret import API_KEY_VARIABLE, has_credentials, is_secret_name, redact
 
 _FP4 = {"nvfp4", "nvfp4a16"}
 _CPU_WEIGHTS = {"bf16", "fp32"}
