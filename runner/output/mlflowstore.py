@@ -9,6 +9,7 @@ says which store and what to do.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ import httpx
 import requests
 from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
+from sqlalchemy.exc import SQLAlchemyError
 
 from runner.config import Tracking
 from runner.errors import TrackingError
@@ -33,16 +35,29 @@ T = TypeVar("T")
 # holds the sqlite write lock while it logs a window) is spent.
 FIRST_PAUSE_S = 0.25
 MAX_PAUSE_S = 8.0
-_TRANSIENT_WORDS = ("database is locked", "database table is locked", "temporarily unavailable")
+_TRANSIENT_WORDS = (
+    "database is locked", "database table is locked", "temporarily unavailable",
+    # A parallel job is creating (or upgrading) a fresh store's tables at this moment.
+    "already exists", "out-of-date database schema",
+)  # fmt: skip
 
 
 def connect(tracking: Tracking) -> MlflowClient:
+    """A client whose store is ready. A fresh sqlite store is created (MLflow's tables
+    and migrations) by one process at a time: the jobs of a parallel sweep that open it
+    together would otherwise run the same migrations at once and break each other."""
     if tracking.uri.startswith(("http://", "https://")):
         check_reachable(tracking.uri)
-    if tracking.uri.startswith("sqlite:///"):
-        # SQLAlchemy creates the database file but not the folder it lives in.
-        Path(tracking.uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowClient(tracking_uri=tracking.uri)
+    if not tracking.uri.startswith("sqlite:///"):
+        return MlflowClient(tracking_uri=tracking.uri)
+    database = Path(tracking.uri.removeprefix("sqlite:///"))
+    # SQLAlchemy creates the database file but not the folder it lives in.
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with database.with_name(database.name + ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        client = MlflowClient(tracking_uri=tracking.uri)
+        client.search_experiments(max_results=1)  # creates or upgrades the tables now
+    return client
 
 
 def check_reachable(uri: str) -> None:
@@ -73,7 +88,9 @@ def call(tracking: Tracking, action: str, operation: Callable[[], T]) -> T:
     while True:
         try:
             return operation()
-        except (MlflowException, OSError, requests.RequestException, httpx.HTTPError) as exc:
+        except (
+            MlflowException, OSError, SQLAlchemyError, requests.RequestException, httpx.HTTPError,
+        ) as exc:  # fmt: skip
             left = deadline - time.monotonic()
             if left <= 0 or not is_transient(exc):
                 raise _paragraph(tracking, action, exc) from exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -221,3 +223,24 @@ def _minimal_config(engine_env: dict[str, str]):
             "results": {"dir": "results"},
         }
     )
+
+
+def test_parallel_runs_open_one_fresh_sqlite_store_together(tmp_path: Path) -> None:
+    """The jobs of a parallel sweep open the same new sqlite file at once: one creates
+    MLflow's tables while the others wait for it, and every job gets its parent run."""
+    code = (
+        "import sys; from runner.config import Tracking; from runner.output.tracking import Tracker; "
+        "t = Tracking(uri=sys.argv[1], artifact_root=sys.argv[2]); "
+        "print(Tracker(t, run_id=sys.argv[3], config_id='c').parent_run_id)"
+    )
+    uri = f"sqlite:///{tmp_path}/fresh.db"
+    repo = Path(__file__).resolve().parents[2]
+    jobs = [
+        subprocess.Popen([sys.executable, "-c", code, uri, str(tmp_path / "artifacts"), f"job-{i}"],
+                         cwd=repo, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for i in range(3)
+    ]  # fmt: skip
+    outputs = [job.communicate(timeout=300) for job in jobs]
+    assert [job.returncode for job in jobs] == [0, 0, 0], [err[-2000:] for _, err in outputs]
+    parents = {out.strip() for out, _ in outputs}
+    assert len(parents) == 3 and all(parents)
