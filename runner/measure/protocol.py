@@ -156,7 +156,10 @@ async def _collect(
     async with metrics_client(engine.base_url, headers) as metrics, load:
         await wait_idle_async(metrics, search.drain_timeout_s)
         load.start()
+        warm_from = time.monotonic()
         await asyncio.sleep(search.warmup_s)
+        cold_users = await _until_every_user_finished_one(load, users, search.drain_timeout_s)
+        warmed_s = time.monotonic() - warm_from
         start = await _boundary_read(metrics, engine, "at the start of the window")
         if telemetry is not None:
             telemetry.start()
@@ -197,12 +200,30 @@ async def _collect(
         telemetry=telemetry_summary,
         engine_fault=fault,
         client=client,
-        warmup_s=search.warmup_s,
+        warmup_s=warmed_s,
+        cold_users=cold_users,
         cancelled_at_drain=cancelled,
         failed_metric_reads=sampler.failed_reads,
         start_read_s=start.took_s,
         end_read_s=end.took_s if end is not None else 0.0,
     )
+
+
+async def _until_every_user_finished_one(load: LoadGenerator, users: int, cap_s: float) -> int:
+    """Extend the warm-up until every user has finished a request (at most ``cap_s``);
+    returns how many had not.
+
+    All users start together, so their first requests move in step: with seed 004's
+    long prompts, the first prefills queue behind each other for tens of seconds, and a
+    window that begins then measures that ramp, not the steady state. Once each user
+    has finished one request, arrivals have spread out.
+    """
+    deadline = time.monotonic() + cap_s
+    while True:
+        finished = {record.user for record in load.records if record.finished_at is not None}
+        if len(finished) >= users or time.monotonic() >= deadline:
+            return users - len(finished)
+        await asyncio.sleep(0.1)
 
 
 async def _sleep_until(deadline: float, interrupt: asyncio.Event) -> None:

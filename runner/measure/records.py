@@ -83,7 +83,8 @@ class WindowMeasurement:
     telemetry: TelemetrySummary | None = None
     engine_fault: EngineFault | None = None
     client: ClientHealth | None = None
-    warmup_s: float = 0.0
+    warmup_s: float = 0.0  # as it lasted: at least search.warmup_s (runner.measure.protocol)
+    cold_users: int = 0  # users without a finished request when the window began
     cancelled_at_drain: int = 0
     failed_metric_reads: int = 0
     # How long each boundary GET took: the server read its counter at some moment

@@ -176,6 +176,12 @@ def summarize_window(
     if client is not None and max_loop_lag_ms is not None:
         client = judge(client, max_loop_lag_ms)
         invalid.extend(client.reasons)
+    if m.cold_users:
+        invalid.append(
+            f"not at steady state: {m.cold_users} of {m.users} users had not finished a "
+            f"request after a {m.warmup_s:.0f} s warm-up, so the window measured the "
+            "ramp of the first requests; raise search.drain_timeout_s or lower the users"
+        )
     load = offered_load(m.records, m.users, m.t0, m.t1, m.samples)
     request_s = float(np.median(latency)) if latency else span_s
     if min_in_flight_pct is not None:

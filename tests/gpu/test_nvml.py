@@ -73,7 +73,13 @@ def keep_busy(seconds: float) -> None:
 
 
 def test_sampler_reads_power_and_sees_the_gpu_busy_under_load():
-    """The row's gpu_util_avg_pct and power_avg_w come from these samples (seed 004 §8)."""
+    """The row's gpu_util_avg_pct and power_avg_w come from these samples (seed 004 §8).
+
+    CUDA and cuBLAS are initialised first and the GPU given time to settle: their
+    start-up is neither idle nor load (seen on the H200: the "idle" reading was taken
+    while another process or the first kernels still ran)."""
+    keep_busy(0.5)
+    time.sleep(3.0)
     idle = telemetry.GpuSampler(device_indices=[0], interval_s=0.5)
     idle.start()
     time.sleep(2.0)

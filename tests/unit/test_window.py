@@ -62,6 +62,7 @@ def measure(
     fault: EngineFault | None = None,
     preemptions: tuple[float | None, float | None] = (2.0, 5.0),
     min_in_flight_pct: float | None = None,
+    cold_users: int = 0,
 ):
     start = metrics(1000.0, preemptions[0])
     end = metrics(1000.0 + server_tokens, preemptions[1]) if server_tokens is not None else None
@@ -78,6 +79,8 @@ def measure(
         samples=samples or [],
         telemetry=telemetry,
         engine_fault=fault,
+        warmup_s=8.0,
+        cold_users=cold_users,
     )
     return summarize_window(
         measurement, run_id="r", config_id="c", phase="coarse", audit_tolerance_pct=1.0,
@@ -359,3 +362,13 @@ def test_a_long_steady_window_carries_95_percent_intervals_a_short_one_does_not(
     assert slow is not None and slow.low <= result.row.min_user_tok_s <= slow.high
     short = measure([record(0, 99.0, [(101.0, 10)])], 1, server_tokens=10)
     assert short.detail.aggregate_ci is None and short.detail.min_user_ci is None
+
+
+def test_a_window_that_began_before_every_user_finished_a_request_measured_the_ramp() -> None:
+    """All users start together; on the H200 with seed 004's 30k prompts their first
+    prefills queued for tens of seconds and an 8 s warm-up left a window measuring that
+    ramp (slowest user 0.0 tok/s at 56 users). Such a window is invalid, with the reason."""
+    result = measure([record(0, 99.0, [(101.0, 10)])], 1, server_tokens=10, cold_users=1)
+    assert not result.row.valid
+    assert "not at steady state: 1 of 1 users" in result.detail.invalid_reasons[0]
+    assert "8 s warm-up" in result.detail.invalid_reasons[0]
