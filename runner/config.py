@@ -46,6 +46,9 @@ class Hardware(Strict):
     native_precisions: list[Precision]
     min_driver: str
     device_ids: list[int] | None = None
+    # What an hour of the profile's ``count`` GPUs costs, in US dollars (a rental's price):
+    # gives $ per million output tokens. None: no cost figures.
+    usd_per_hour: float | None = Field(default=None, gt=0)
 
 
 class Image(Strict):
@@ -315,6 +318,9 @@ class SLO(Strict):
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             raise ValueError(f"tier names must be unique; repeated: {', '.join(repeated)}")
+        if "default" in names:
+            # The default floor's answer goes by that name in capacity.json and MLflow.
+            raise ValueError("'default' names the default floor's answer; give the tier another name")
         return tiers
 
     @property

@@ -30,6 +30,9 @@ Keys of ``summary`` (every one optional; a missing or ``None`` value prints
 ``request_latency_p99_ms`` worst request latency p99 over the windows at N
 ``engine_minutes``         minutes the engine ran for this search
 ``caveats``                sentences a reader must know first (e.g. random weights)
+``capacity``               the search's :class:`~runner.output.answers.Capacity`: the
+                           default floor's range of N and flags, the cost figures
+                           (with a GPU profile) and the SLO tiers' table
 =========================  ===========================================================
 
 The five figures at N are taken from the summary when given; otherwise they are
@@ -47,6 +50,8 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from runner.measure.result import WindowDetail, WindowRow
+from runner.output.answer_text import boundary_text, cost_facts, flags_text, tier_table
+from runner.output.answers import Capacity
 
 UNAVAILABLE = "unavailable"
 
@@ -56,6 +61,7 @@ def render_report(
 ) -> str:
     """Markdown: the section 11 summary, then every window in the order it ran."""
     headline = _headline(summary, rows)
+    capacity: Capacity | None = summary.get("capacity")
     facts = [
         ("Model", _model(summary)),
         ("GPU", _text(summary.get("gpu"))),
@@ -65,6 +71,8 @@ def render_report(
         ("KV cache", _text(summary.get("kv_cache"))),
         ("Context distribution", _text(summary.get("context_distribution"))),
         ("Best valid concurrency", _number(summary.get("best_users"), "{:d}")),
+        ("Range of N at the boundary", boundary_text(capacity)),
+        ("Flags", flags_text(capacity)),
         (
             "Median aggregate output throughput",
             _number(headline["median_aggregate_tok_s"], "{:.2f} tok/s"),
@@ -73,6 +81,7 @@ def render_report(
         ("Mean user throughput", _number(headline["mean_user_tok_s"], "{:.2f} tok/s")),
         ("TTFT p99", _number(headline["ttft_p99_ms"], "{:.1f} ms")),
         ("Request latency p99", _number(headline["request_latency_p99_ms"], "{:.1f} ms")),
+        *cost_facts(capacity),
         ("Workload hash", _text(summary.get("workload_hash"))),
         ("Per-user floor", _number(summary.get("floor_tok_s"), "{:g} tok/s")),
         ("Windows run", str(len(rows))),
@@ -92,6 +101,8 @@ def render_report(
         lines += ["", "## Caveats", "", *[f"- {caveat}" for caveat in summary["caveats"]]]
     if summary.get("best_users") is None:
         lines += ["", "No concurrency met the floor in every window: there is no valid optimum."]
+    if capacity is not None and capacity.tiers:
+        lines += ["", "## SLO tiers", "", *tier_table(capacity)]
     lines += _frontend_note(rows, details)
     lines += ["", "## Windows", "", *_window_table(rows, details)]
     return "\n".join(lines) + "\n"

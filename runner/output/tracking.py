@@ -5,8 +5,9 @@ the setup (``config_id``, ``run_id``, ``hw``, ``model``, ``kv``, ``family``, ...
 every window's metrics with ``step=users``, so its charts draw metric-vs-N curves.
 Each window is also a child run (``mlflow.parentRunId``) tagged with its users, phase
 and validity. At the end the run loop logs :data:`BEST_USERS`,
-:data:`BEST_AGGREGATE_TOK_S` and :data:`BEST_MIN_USER_TOK_S` on the parent, which
-:mod:`runner.compare` reads.
+:data:`BEST_AGGREGATE_TOK_S` and :data:`BEST_MIN_USER_TOK_S` on the parent, with
+every SLO tier's answer, the 95% intervals and the cost figures
+(:mod:`runner.output.capacity` names them), which :mod:`runner.compare` reads.
 
 A resumed run finds its parent again (same ``run_id`` and ``config_id``) and skips
 windows whose child run is already there, so resuming leaves no duplicate runs. A
@@ -43,15 +44,17 @@ from mlflow.tracking import MlflowClient
 from runner.config import RunConfig, Tracking
 from runner.errors import TrackingError
 from runner.measure.result import WindowResult
+from runner.output.capacity import metric_name
 from runner.output.mlflowstore import call, connect, experiment_id
 from runner.prepare.identity import DUMMY_WEIGHTS, dummy_weights
+from runner.search.params import DEFAULT
 from runner.secret import redact
 
 log = logging.getLogger("runner")
 
-BEST_USERS = "best_users"
-BEST_AGGREGATE_TOK_S = "best_aggregate_tok_s"
-BEST_MIN_USER_TOK_S = "best_min_user_tok_s"
+BEST_USERS = metric_name(DEFAULT, "users")  # "best_users"
+BEST_AGGREGATE_TOK_S = metric_name(DEFAULT, "aggregate_tok_s")
+BEST_MIN_USER_TOK_S = metric_name(DEFAULT, "min_user_tok_s")
 
 KIND_TAG = "runner.kind"  # "search" on parents, "window" on children
 WINDOW_INDEX_TAG = "window_index"
@@ -192,6 +195,19 @@ class Tracker:
         self._attempt(
             "log metrics on the parent run",
             lambda: self._log_metrics(self.parent_run_id, metrics, step=step or 0),
+        )
+
+    def log_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags on the parent run (e.g. each SLO tier's binding limit at the end)."""
+        if self._client is None or not tags:
+            return
+        entries = [
+            RunTag(_clip(key, MAX_KEY), _clip(str(value), MAX_TAG_VALUE))
+            for key, value in tags.items()
+        ]
+        self._attempt(
+            "log tags on the parent run",
+            lambda: self._client.log_batch(self.parent_run_id, tags=entries),
         )
 
     def log_startup_facts(self, facts: Mapping[str, Any]) -> None:

@@ -8,6 +8,7 @@ the windows its run_id already measured and carries on from the step they lead t
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import asdict
@@ -21,18 +22,16 @@ from runner.engines.base import LaunchPlan
 from runner.errors import ConfigError, EngineError, MeasurementError
 from runner.measure.protocol import run_window
 from runner.measure.reference import run_reference
+from runner.output.answer_text import boundary_text, cost_parts, tier_line
+from runner.output.answers import capacity_answer
+from runner.output.capacity import CAPACITY_NAME, capacity_metrics, capacity_record, capacity_tags
 from runner.output.console import print_window
 from runner.output.reference import log_reference
 from runner.output.report import plot_report, render_report
 from runner.output.results import ResultsWriter, read_results
-from runner.output.tracking import (
-    BEST_AGGREGATE_TOK_S,
-    BEST_MIN_USER_TOK_S,
-    BEST_USERS,
-    Tracker,
-)
+from runner.output.tracking import Tracker
 from runner.prepare import identity
-from runner.run.context import RunContext, engine_api_key
+from runner.run.context import RunContext, engine_api_key, write_atomically
 from runner.run.resume import prior_windows, read_manifest
 from runner.run.session import MAX_RELAUNCHES, EngineSession
 from runner.run.summary import RunSummary
@@ -45,7 +44,7 @@ from runner.workload.prompt import Prompt
 
 ARTIFACTS = (
     "manifest.json", "workload.jsonl", "results.jsonl", "results.csv",
-    "windows_detail.jsonl", "engine.log", "report.md",
+    "windows_detail.jsonl", "engine.log", "report.md", CAPACITY_NAME,
 )  # fmt: skip
 
 
@@ -228,27 +227,38 @@ class CapacitySearch:
             wall_minutes=round((time.monotonic() - self.started) / 60.0, 2),
             floor_tok_s=context.config.slo.min_user_tok_s,
             finished_utc=datetime.now(UTC).isoformat(timespec="seconds"),
+            capacity=capacity_answer(decision, self.history, self.params, context.config.hw),
         )
 
     def _finish(self, tracker: Tracker) -> None:
-        """After the engine stopped: manifest summary, report, plots, MLflow figures."""
+        """After the engine stopped: manifest summary, capacity.json, report, plots,
+        MLflow figures."""
         context = self.context
         summary = self.summary()
+        assert summary.capacity is not None
         context.manifest["summary"] = summary.as_dict()
         context.write_manifest()
+        record = capacity_record(
+            summary.capacity,
+            context.config,
+            run_id=context.run_id,
+            config_id=context.config_id,
+            family=context.family,
+        )
+        write_atomically(context.results_dir / CAPACITY_NAME, json.dumps(record, indent=2) + "\n")
         results = [r for r in read_results(context.results_dir) if r.row.run_id == context.run_id]
         rows, details = [r.row for r in results], [r.detail for r in results]
-        report_summary = {**report_facts(context), **summary.as_dict()}
+        # The typed answers, not their dict copy, so the report reads them as such.
+        report_summary = {**report_facts(context), **summary.as_dict(), "capacity": summary.capacity}
         (context.results_dir / "report.md").write_text(render_report(report_summary, rows, details))
         plots = plot_report(rows, details, context.config.slo.min_user_tok_s, context.results_dir)
         metrics = {
-            BEST_USERS: summary.best_users,
-            BEST_AGGREGATE_TOK_S: summary.median_aggregate_tok_s,
-            BEST_MIN_USER_TOK_S: summary.min_user_tok_s,
+            **capacity_metrics(summary.capacity),
             "windows": summary.windows,
             "engine_minutes": summary.engine_minutes,
         }
         tracker.log_metrics({k: v for k, v in metrics.items() if v is not None})
+        tracker.log_tags(capacity_tags(summary.capacity))
         for name in ARTIFACTS:
             if (context.results_dir / name).exists():
                 tracker.log_artifact(context.results_dir / name)
@@ -286,19 +296,30 @@ def report_facts(context: RunContext) -> dict[str, Any]:
 
 
 def print_summary(console: Console, context: RunContext, summary: RunSummary) -> None:
+    """The best-N line (or why there is none), the boundary's range and the curve's
+    flags, then one line per SLO tier."""
     best = summary.best_users
     if best is None:
         console.print(
             f"[bold red]No valid concurrency[/] met {summary.floor_tok_s} tok/s per user "
             f"({summary.decision}). Results: {summary.results_dir}"
         )
-        return
-    assert summary.median_aggregate_tok_s is not None and summary.min_user_tok_s is not None
-    console.print(
-        f"[bold green]best N={best}[/] aggregate_output_tok_s={summary.median_aggregate_tok_s:.1f} "
-        f"slowest_user_tok_s={summary.min_user_tok_s:.2f} "
-        f"(floor {summary.floor_tok_s}) config_id={context.config_id} run_id={context.run_id} "
-        f"windows={summary.windows} engine_minutes={summary.engine_minutes}\n"
-        f"results: {summary.results_dir}/results.jsonl  report: {summary.results_dir}/report.md  "
-        f"MLflow: {redact(context.config.tracking.uri) if context.config.tracking.enabled else 'disabled'}"
-    )
+    else:
+        assert summary.median_aggregate_tok_s is not None and summary.min_user_tok_s is not None
+        cost = summary.capacity.default if summary.capacity is not None else None
+        console.print(
+            f"[bold green]best N={best}[/] aggregate_output_tok_s={summary.median_aggregate_tok_s:.1f} "
+            f"slowest_user_tok_s={summary.min_user_tok_s:.2f} "
+            f"(floor {summary.floor_tok_s}) "
+            + "".join(f"{part} " for part in (cost_parts(cost) if cost is not None else []))
+            + f"config_id={context.config_id} run_id={context.run_id} "
+            f"windows={summary.windows} engine_minutes={summary.engine_minutes}\n"
+            f"results: {summary.results_dir}/results.jsonl  report: {summary.results_dir}/report.md  "
+            f"MLflow: {redact(context.config.tracking.uri) if context.config.tracking.enabled else 'disabled'}"
+        )
+    if summary.users_range is not None:
+        console.print(boundary_text(summary.capacity), highlight=False)
+    for flag in summary.curve_flags:
+        console.print(f"[yellow]flag:[/] {flag}", highlight=False)
+    for tier in summary.tiers:
+        console.print(tier_line(tier), highlight=False, markup=False)

@@ -1,4 +1,4 @@
-"""What a run ends with: the answer it found, or the benchmark row it measured."""
+"""What a run ends with: the answers it found, or the benchmark row it measured."""
 
 from __future__ import annotations
 
@@ -6,12 +6,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from runner.measure.benchmark import BenchmarkRow
+from runner.output.answers import Capacity, TierAnswer
 
 
 @dataclass(frozen=True)
 class RunSummary:
     """One run's outcome, written to ``manifest.json`` and returned by
-    :func:`runner.run.pipeline.execute`. Figures that do not apply are ``None``."""
+    :func:`runner.run.pipeline.execute`. Figures that do not apply are ``None``.
+
+    A search's ``best_*`` figures are the default floor's answer; ``capacity`` holds
+    every answer (the default floor's and each SLO tier's) with its range of N, its
+    95% intervals and its cost, and the flags on the curve."""
 
     kind: Literal["search", "benchmark", "dry_run"]
     run_id: str
@@ -30,9 +35,25 @@ class RunSummary:
     finished_utc: str | None = None
     flags: str | None = None  # a dry run: what the engine's flags were checked against
     benchmark: BenchmarkRow | None = None
+    capacity: Capacity | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def users_range(self) -> tuple[int, int] | None:
+        """The default floor's boundary range of N; None where the windows give none."""
+        return self.capacity.users_range if self.capacity is not None else None
+
+    @property
+    def curve_flags(self) -> tuple[str, ...]:
+        """A cliff or a non-monotonic curve the search saw; empty when none."""
+        return self.capacity.flags if self.capacity is not None else ()
+
+    @property
+    def tiers(self) -> tuple[TierAnswer, ...]:
+        """Each SLO tier's answer, in the order configured; empty without tiers."""
+        return self.capacity.tiers if self.capacity is not None else ()
 
     @property
     def objective(self) -> float | None:

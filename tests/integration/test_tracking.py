@@ -146,11 +146,11 @@ def test_compare_lists_config_ids_by_family(
             )
 
     rows = compare(tracking.uri, tracking.experiment, "fam-2")
-    assert [row["config_id"] for row in rows] == ["cfg-y", "cfg-x"]
-    assert rows[0]["best_users"] == 16
+    assert [row.config_id for row in rows] == ["cfg-y", "cfg-x"]
+    assert rows[0].best_users == 16
 
     everything = compare(tracking.uri, tracking.experiment, None)
-    assert {"fam-2", "fam-3"} <= {row["family"] for row in everything}
+    assert {"fam-2", "fam-3"} <= {row.family for row in everything}
     assert render_compare(everything).count("family: fam-") >= 2
 
     assert (

@@ -6,7 +6,7 @@ import dataclasses
 from pathlib import Path
 
 from runner.measure.result import BucketStats, WindowDetail, WindowRow
-from runner.output.compare import render_compare
+from runner.output.compare import SearchRun, render_compare
 from runner.output.report import plot_report, render_report
 from tests import builders
 from tests.builders import make_streams
@@ -152,21 +152,30 @@ def test_bucket_plot_is_skipped_without_bucket_latencies(tmp_path: Path) -> None
 
 def test_compare_never_mixes_families_in_one_table() -> None:
     """seed 004 §10: BF16, FP8 and NVFP4 results never share one leaderboard."""
-    rows = [
-        {"family": "bf16/bf16-kv", "config_id": "bf16-a", "run_id": "r1", "status": "FINISHED",
-         "best_users": 16, "best_aggregate_tok_s": 644.5, "best_min_user_tok_s": 15.3},
-        {"family": "nvfp4/nvfp4-kv", "config_id": "nvfp4-a", "run_id": "r2", "status": "FINISHED",
-         "best_users": 16, "best_aggregate_tok_s": 1327.8, "best_min_user_tok_s": 82.9},
-        {"family": "nvfp4/nvfp4-kv", "config_id": "nvfp4-b", "run_id": "r3", "status": "FAILED",
-         "best_users": None, "best_aggregate_tok_s": None, "best_min_user_tok_s": None},
+
+    def search(family: str, config_id: str, status: str, **metrics: float) -> SearchRun:
+        return SearchRun(family, config_id, f"run-{config_id}", status, f"id-{config_id}",
+                         metrics=metrics)  # fmt: skip
+
+    runs = [
+        search("bf16/bf16-kv", "bf16-a", "FINISHED", best_users=16,
+               best_aggregate_tok_s=644.5, best_min_user_tok_s=15.3),
+        search("nvfp4/nvfp4-kv", "nvfp4-a", "FINISHED", best_users=16,
+               best_aggregate_tok_s=1327.8, best_min_user_tok_s=82.9,
+               best_tok_s_per_gpu=1327.8, best_usd_per_mtok=0.1862),
+        search("nvfp4/nvfp4-kv", "nvfp4-b", "FAILED"),
     ]  # fmt: skip
-    text = render_compare(rows)
+    text = render_compare(runs)
     tables = text.split("family: ")[1:]
     assert len(tables) == 2
     bf16, nvfp4 = tables
     assert "bf16-a" in bf16 and "nvfp4" not in bf16
     assert "nvfp4-a" in nvfp4 and "nvfp4-b" in nvfp4 and "bf16-a" not in nvfp4
     assert "n/a" in nvfp4 and "644.50" in bf16
+    # Cost columns: a search with a GPU profile and a price has them, a CPU one reads n/a.
+    assert "$/Mtok" in bf16 and "0.1862" in nvfp4
+    bf16_row = next(line for line in bf16.splitlines() if "bf16-a" in line)
+    assert bf16_row.count("n/a") == 2
 
 
 def test_the_report_says_where_the_frontend_bound_the_load_and_what_to_try() -> None:
