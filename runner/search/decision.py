@@ -135,7 +135,7 @@ def decide_tier(
             None,
             None,
             _binding(view, 0),
-            _users_range(view),
+            _users_range(view) if params.kind == "bracket" else None,
             0,
             _no_answer_reason(history, params, tier),
         )
@@ -150,7 +150,7 @@ def decide_tier(
         median_aggregate_tok_s=float(median),
         min_user_tok_s=float(min(obs.min_user_tok_s for obs in windows)),
         binding=binding,
-        users_range=_users_range(view),
+        users_range=_users_range(view) if params.kind == "bracket" else None,
         windows=len(windows),
         reason=(
             f"{users} users is the most that meet {limits} over {len(windows)} window(s); "
@@ -167,6 +167,8 @@ def _binding(view: View, users: int) -> str | None:
     if users >= params.max_users:
         return f"max_users ({params.max_users}, the search's ceiling)"
     above = sorted(obs.users for obs in view.history if obs.users > users)
+    if params.kind == "fixed" and not above:
+        return "the largest user count measured (a fixed search tries nothing above it)"
     if above and any(obs.oom for obs in view.history if obs.users == above[0]):
         return f"out of memory at {above[0]} users"
     reference = next(

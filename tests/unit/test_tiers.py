@@ -14,7 +14,7 @@ from runner.search.params import SearchParams
 from runner.search.policy import decide, next_step
 from runner.search.serving import ServingCurve, draw_serving_curve
 from runner.search.simulator import run_policy
-from runner.search.types import Constraint, Objective
+from runner.search.types import Constraint, Objective, Observation
 from tests.unit.test_config import compose_config
 
 INTERACTIVE = Objective(
@@ -130,3 +130,13 @@ def test_bad_tiers_are_refused_in_one_paragraph(tiers: list[dict], words: list[s
         build_config(data)
     for word in words:
         assert word in str(refused.value)
+
+
+def test_a_fixed_search_names_its_largest_count_as_what_stops_a_tier() -> None:
+    """Nothing above the largest count was measured, so no limit can be said to stop
+    one user more; and a fixed search gives no boundary range."""
+    params = SearchParams(kind="fixed", users=(4, 8), tiers=(BATCH,))
+    history = [Observation(n, 100.0 * n, 40.0, True, "coarse") for n in (4, 8)]
+    (batch,) = decide(history, params).tiers
+    assert batch.max_users == 8 and batch.users_range is None
+    assert batch.binding == "the largest user count measured (a fixed search tries nothing above it)"

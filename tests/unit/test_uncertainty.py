@@ -69,7 +69,8 @@ def test_slowest_user_intervals_cover_the_true_rate_about_95_percent(simulated: 
             continue
         total += 1
         covered += interval.low <= window.true_min_user_tok_s <= interval.high
-        assert interval.low <= window.min_user_tok_s * 1.2
+        # Never an interval that leaves out the window's own figure.
+        assert interval.low <= window.min_user_tok_s <= interval.high
     assert total >= 0.9 * len(simulated)
     assert 0.90 <= covered / total <= 0.99, covered / total
 
