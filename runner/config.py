@@ -341,6 +341,9 @@ class Backend(Strict):
     python: str | None = None
     # An API key sent over plain http to another host can be read on the way.
     allow_insecure_key: bool = False
+    # "raised": runner's session group gets a larger CPU weight while it measures, so
+    # an engine in another session cannot hold its load loop off (runner.measure.priority).
+    client_priority: Literal["raised", "normal"] = "raised"
 
     @field_validator("url")
     @classmethod

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -38,6 +39,7 @@ from runner.engines.startup import (
 )
 from runner.errors import RunnerError
 from runner.measure.metrics import parse_metrics
+from runner.measure.priority import ClientPriority, raise_client_priority, restore_client_priority
 from runner.measure.telemetry import GpuSampler
 from runner.nvml import nvml_available
 from runner.output.tracking import Status, Tracker, config_params
@@ -118,6 +120,7 @@ class EngineSession:
         self._engine_cm: AbstractContextManager[RunningEngine] | None = None
         self._engine: RunningEngine | None = None
         self._tracker: Tracker | None = None
+        self._priority: ClientPriority | None = None
 
     @property
     def engine(self) -> RunningEngine:
@@ -141,6 +144,7 @@ class EngineSession:
         try:
             if self._with_engine:
                 self._start_engine()
+                self._raise_priority()
                 facts = startup_facts(self.engine)
                 facts["precision_notes"] = verify_precision(context.config, facts)
                 context.manifest["startup"] = facts
@@ -169,6 +173,9 @@ class EngineSession:
         traceback: TracebackType | None,
     ) -> None:
         self._stop_engine(exc_type, exc, traceback)
+        if self._priority is not None:
+            restore_client_priority(self._priority)
+            self._priority = None
         status: Status = "FINISHED"
         if exc_type is not None:
             status = "KILLED" if issubclass(exc_type, KeyboardInterrupt) else "FAILED"
@@ -186,6 +193,14 @@ class EngineSession:
             if exc_type is None:
                 raise
             log.warning("could not mark the MLflow run %s: %s", status, error)
+
+    def _raise_priority(self) -> None:
+        """Once the engine serves, the load loop's session group gets a larger CPU weight
+        (runner.measure.priority); it is given back when the session closes."""
+        if self.context.config.backend.client_priority != "raised":
+            return
+        self._priority = raise_client_priority()
+        self.context.manifest["client_priority"] = asdict(self._priority)
 
     def relaunch(self) -> None:
         """Stop the engine and start a fresh one from the same plan."""

@@ -20,7 +20,6 @@ import pytest
 from runner.config import RunConfig, build_config
 from runner.engines.base import LaunchPlan
 from runner.engines.process import ProcessEngine
-from runner.measure.gates import CLIENT_BUSY_CPU_PCT
 from runner.measure.protocol import run_window
 from runner.measure.records import RequestRecord
 from runner.measure.streams import BURSTY_WINDOW_SHARE, stream_timing, summarize_streams
@@ -78,9 +77,10 @@ def test_the_audit_and_the_client_figures_hold_at_every_concurrency(vllm_server,
     assert users <= client.open_connections <= users + 1
     assert client.loop_lag_p99_ms is not None and client.loop_lag_p99_ms >= 0
     assert client.cpu_pct > 0
-    # seed 004 §7's 15 tok/s floor: one token gap, 66.7 ms, is the default lag limit; a
-    # client lagging while nearly idle is held off by the engine on the same cores.
-    fell_behind = client.loop_lag_p99_ms > 1000.0 / 15.0 and client.cpu_pct >= CLIENT_BUSY_CPU_PCT
+    # seed 004 §7's 15 tok/s floor: one token gap, 66.7 ms, is the default lag limit. A
+    # loop lagging past it stamps chunks late whatever the client's own CPU, so the
+    # window is invalid either way.
+    fell_behind = client.loop_lag_p99_ms > 1000.0 / 15.0
     assert client.kept_up == (not fell_behind)
     assert result.row.valid == (client.kept_up and not detail.invalid_reasons), detail
     assert streams.tpot_p50_ms > 0 and streams.itl_p99_ms > 0
