@@ -108,7 +108,7 @@ def build_prompts(tokenizer: Any, workload: ContextMixWorkload) -> list[Prompt]:
             code = unique_code(rng, codes)
             text_rng = random.Random(rng.getrandbits(64))
             system = f"{code} {text_rng.choice(PERSONAS)}"
-            text, ids = fit_text(
+            text, ids, _ = fit_text(
                 tokenizer,
                 lambda user, system=system: render(system, user),
                 text_rng,

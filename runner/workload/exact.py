@@ -20,7 +20,7 @@ import random
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from runner.errors import WorkloadError
 
@@ -230,6 +230,14 @@ class SeededText:
         return self.text[: self.starts[index] + self._ends[index][count - before - 1]]
 
 
+class Fitted(NamedTuple):
+    """A fitted text: ``render(content)``, its exact tokens, and the seeded cut itself."""
+
+    text: str
+    token_ids: list[int]
+    content: str
+
+
 def fit_text(
     tokenizer: Any,
     render: Callable[[str], str],
@@ -240,9 +248,9 @@ def fit_text(
     what: str,
     around: str,
     fix: str,
-) -> tuple[str, list[int]]:
+) -> Fitted:
     """``render(cut)`` for the cut of seeded text that gives exactly ``target`` tokens,
-    and those tokens. ``what`` names the text for the errors (``Bucket 1000's prompt``),
+    those tokens and the cut. ``what`` names the text for the errors (``Bucket 1000's prompt``),
     ``around`` what ``render`` adds to it, ``fix`` what the user can change."""
     overhead = len(encode(tokenizer, render("")))
     if overhead >= target:
@@ -252,28 +260,28 @@ def fit_text(
         )
     text_source = SeededText(tokenizer, rng, target - overhead, chars_per_token)
 
-    def attempt(content: str) -> tuple[str, list[int]]:
+    def attempt(content: str) -> Fitted:
         text = render(content)
-        return text, encode(tokenizer, text)
+        return Fitted(text, encode(tokenizer, text), content)
 
     # Follow the count difference on token boundaries; BPE merges at the cut or around
     # the template markers make the count off by a few at most.
     tried: dict[int, int] = {}
     count = target - overhead
     while len(tried) < _BOUNDARY_ATTEMPTS and count not in tried and 0 < count <= text_source.tokens:
-        text, ids = attempt(text_source.cut(count))
-        if len(ids) == target:
-            return text, ids
-        tried[count] = len(ids)
-        count += target - len(ids)
+        fitted = attempt(text_source.cut(count))
+        if len(fitted.token_ids) == target:
+            return fitted
+        tried[count] = len(fitted.token_ids)
+        count += target - len(fitted.token_ids)
     # The count jumps over the target at every token boundary near it: cut inside tokens.
     log.debug("%s: no token boundary gives %d tokens (%s); cutting inside tokens", what, target, tried)
     below = max((k for k, got in tried.items() if got < target), default=min(tried, default=1) - 1)
     start = len(text_source.cut(below))
     for cut in range(start + 1, min(len(text_source.text), start + 1 + _CHARACTER_ATTEMPTS)):
-        text, ids = attempt(text_source.text[:cut])
-        if len(ids) == target:
-            return text, ids
+        fitted = attempt(text_source.text[:cut])
+        if len(fitted.token_ids) == target:
+            return fitted
     raise WorkloadError(
         f"No cut of the seeded text gives {what} of exactly {target} tokens (counts seen "
         f"near the target: {sorted(set(tried.values()))}). The tokenizer merges across "
