@@ -92,7 +92,11 @@ class SessionUsers(StreamingUsers):
             self.records.append(record)
             await self._send(user, record, self._body(history))
             answer, record.returned_ids = bytes(record.returned_ids or b"").rstrip(b","), None
-            if record.error is None and record.tokens == sessions.answer_tokens and turn < sessions.turns:
+            if (
+                record.error is None
+                and record.tokens == sessions.answer_tokens
+                and turn < sessions.turns
+            ):
                 turn += 1
                 history += [answer, _csv(sessions.user_turn(instance, turn))]
             else:

@@ -311,21 +311,36 @@ def _slowest_user_ci(
     user_pauses: list[list[tuple[float, float]]],
     request_s: float,
 ) -> Interval | None:
-    """The slowest user's 95% interval; with think time, each user's one-second bins
-    count only its seconds outside think time (bins spent wholly in it are left out)."""
-    counts, bins = _user_seconds(m, span_s), _bin_seconds(span_s)
+    """The slowest user's 95% interval. With think time, each user's seconds are counted
+    on its own clock that stops while it pauses, cut into one-second bins of that clock."""
     if not any(user_pauses):
-        return slowest_user_interval(counts, bins, request_s=request_s)
+        return slowest_user_interval(
+            _user_seconds(m, span_s), _bin_seconds(span_s), request_s=request_s
+        )
     deltas: list[list[float]] = []
     seconds: list[list[float]] = []
-    for own, user_counts in zip(user_pauses, counts):
-        active = [
-            (tokens, length - overlap(own, m.t0 + index, m.t0 + index + length))
-            for index, (tokens, length) in enumerate(zip(user_counts, bins))
-        ]
-        kept = [(tokens, left) for tokens, left in active if left > 1e-9]
-        deltas.append([tokens for tokens, _ in kept])
-        seconds.append([left for _, left in kept])
+    for user, own in enumerate(user_pauses):
+        starts = np.array([max(a, m.t0) for a, b in own if b > m.t0 and a < m.t1])
+        ends = np.array([min(b, m.t1) for a, b in own if b > m.t0 and a < m.t1])
+        bins = _bin_seconds(span_s - float(np.sum(ends - starts)))
+        if not bins:
+            return None  # a user that paused through the whole window: nothing to weigh
+        counts = np.zeros(len(bins))
+        for record in m.records:
+            if record.user != user:
+                continue
+            times = np.asarray(record.chunk_times, dtype=float)
+            tokens = np.asarray(record.chunk_tokens, dtype=float)
+            inside = (times >= m.t0) & (times <= m.t1)
+            if not inside.any():
+                continue
+            times = times[inside]
+            # Seconds of the window before each arrival that the user was not pausing.
+            paused = np.clip(times[:, None] - starts[None, :], 0.0, ends - starts).sum(axis=1)
+            where = np.minimum(len(bins) - 1, (times - m.t0 - paused).astype(int))
+            np.add.at(counts, where, tokens[inside])
+        deltas.append(counts.tolist())
+        seconds.append(bins)
     return slowest_user_interval(deltas, request_s=request_s, user_seconds=seconds)
 
 

@@ -6,7 +6,9 @@ context mix. The segments (:mod:`runner.workload.conversation`) are cut from the
 template's own rendering of the growing conversation: turn k's user segment is what
 rendering the conversation through user message k adds to the rendering through answer
 k-1, so the template's markers land where the model expects them. Each segment's text
-is fitted to its exact count with :func:`runner.workload.exact.fit_text`. A template
+is fitted to its exact count with :func:`runner.workload.exact.fit_text`, on one line
+of seeded text: a cut after any token then ends on a word, which templates that trim a
+message (Llama 3's) render as it is. A template
 that rewrites earlier messages when one is added cannot give a prompt that extends the
 previous turn's, and is refused.
 
@@ -97,11 +99,12 @@ def build_sessions(tokenizer: Any, workload: ChatSessionsWorkload, context: int)
         what=f"The shared system prompt (workload.system_tokens={workload.system_tokens})",
         around="the chat template's system markers and a persona line",
         fix="Raise workload.system_tokens.",
+        separator=" ",
     )
     system_message = _message("system", f"{persona} {system.content}")
     opened = render([system_message, _message("user", _MARK)], True)
     _extends(opened, system.text, "the first user message")
-    head, mark, close = opened[len(system.text) :].partition(_MARK)
+    head, mark, _ = opened[len(system.text) :].partition(_MARK)
     if not mark:
         raise WorkloadError(
             "The chat template changes the user's text as it renders it, so runner cannot "
@@ -110,10 +113,16 @@ def build_sessions(tokenizer: Any, workload: ChatSessionsWorkload, context: int)
         )
     head_ids = encode(tokenizer, head)
     code = _instance_code(tokenizer, len(head_ids), len(head))
+    if workload.user_tokens <= len(head_ids) + code.length:
+        raise WorkloadError(
+            f"The first user turn (workload.user_tokens={workload.user_tokens}) must hold "
+            f"more than the {len(head_ids)} tokens of the chat template's user markers and "
+            f"the conversation's {code.length}-token code. Raise workload.user_tokens."
+        )
     conversations = [
         _conversation(
             index, workload, turns, tokenizer, render, random.Random(rng.getrandbits(64)),
-            per_token, system=(system_message, system.text), opening=(head, head_ids, close),
+            per_token, system=(system_message, system.text), opening=(head, head_ids),
             code=code,
         )
         for index in range(workload.conversations)
@@ -179,42 +188,54 @@ def _conversation(
     per_token: float,
     *,
     system: tuple[Message, str],
-    opening: tuple[str, list[int], str],
+    opening: tuple[str, list[int]],
     code: InstanceCode,
 ) -> Conversation:
     """Conversation ``index``: its user turns, the seeded answers between them, its pauses."""
     users, answer = workload.user_tokens, workload.max_tokens or 0
     system_message, system_text = system
-    head, head_ids, close = opening
+    head, head_ids = opening
     spelled, code_ids = code.spell(index)
+    opened = system_text + head + spelled
+
+    def after_code(text: str) -> str:
+        full = render([system_message, _message("user", f"{spelled} {text}")], True)
+        _extends(full, opened, "the first user message")
+        return full[len(opened) :]
+
     rest = fit_text(
         tokenizer,
-        lambda text: f" {text}{close}",
+        after_code,
         rng,
         users - len(head_ids) - code.length,
         per_token,
         what=f"The first user turn (workload.user_tokens={users})",
-        around=f"the chat template's user and assistant markers with the {code.length}-token code",
+        around=f"the chat template's user and assistant markers after the {code.length}-token code",
         fix="Raise workload.user_tokens.",
+        separator=" ",
     )
     messages = [system_message, _message("user", f"{spelled} {rest.content}")]
     first = Segment(head + spelled + rest.text, [*head_ids, *code_ids, *rest.token_ids])
-    rendered = render(messages, True)
-    if rendered != system_text + first.text:
+    rendered = system_text + first.text
+    # Another instance's code must change those characters and nothing else.
+    other, _ = code.spell(index + 1)
+    if render([system_message, _message("user", f"{other} {rest.content}")], True) != (
+        system_text + head + other + rest.text
+    ):
         raise WorkloadError(
-            "The chat template renders a user message differently from the markers found "
-            "around it, so its token count would not be exact; chat_sessions needs a "
-            "template that renders message contents as they are."
+            "The chat template renders a user message differently depending on its first "
+            "characters, so a conversation's opening code cannot be changed token for "
+            "token; chat_sessions needs a template that renders message contents as they are."
         )
     user_turns, answers = [first], []
     for turn in range(2, turns + 1):
         said = fit_text(
-            tokenizer, lambda text: text, rng, answer, per_token,
+            tokenizer, _sentence, rng, answer, per_token,
             what=f"A seeded answer (workload.max_tokens={answer})", around="nothing",
-            fix="Raise workload.max_tokens.",
+            fix="Raise workload.max_tokens.", separator=" ",
         )  # fmt: skip
         before = rendered + said.text
-        messages.append(_message("assistant", said.content))
+        messages.append(_message("assistant", said.text))
         history = list(messages)
 
         def tail(
@@ -228,7 +249,7 @@ def _conversation(
             tokenizer, tail, rng, users, per_token,
             what=f"User turn {turn} (workload.user_tokens={users})",
             around="the chat template's close of the answer before it and its own markers",
-            fix="Raise workload.user_tokens.",
+            fix="Raise workload.user_tokens.", separator=" ",
         )  # fmt: skip
         answers.append(Segment(said.text, said.token_ids))
         user_turns.append(Segment(asked.text, asked.token_ids))
@@ -288,3 +309,9 @@ def _extends(full: str, before: str, what: str) -> None:
 
 def _message(role: str, content: str) -> Message:
     return {"role": role, "content": content}
+
+
+def _sentence(text: str) -> str:
+    """A seeded answer's text: ended with a full stop, never with a space, which a
+    template that trims messages (Llama 3's) would drop from the rendered history."""
+    return text.rstrip() + "."

@@ -19,10 +19,13 @@ engine streamed back for it (exactly ``answer_tokens``, forced); the seeded answ
 here stand in for the answers of turns a user did not see, when it joins a
 conversation half-way at the start of a window (:mod:`runner.measure.sessions`).
 
-Conversation *instances*: user k's first message opens with a code of
-``code_length`` single-token characters, spelled per instance, so no two instances
-share more than the system prompt and the user's opening markers, however many users
-and restarts a window holds. Instance i follows conversation ``i % len(conversations)``.
+Conversation *instances*: the first user message opens with a code of single-token
+characters spelled per instance, so instances share the system prompt and the user's
+opening markers and no more (two instances whose numbers agree modulo the alphabet's
+size, at least 16 apart, share a code token or two: never enough for a cache block of
+their own), however many users and restarts a window holds. Instance i follows
+conversation ``i % len(conversations)``; instance c < len(conversations) is conversation
+c exactly as frozen.
 """
 
 from __future__ import annotations
@@ -63,13 +66,14 @@ class InstanceCode:
     length: int
 
     def spell(self, instance: int) -> tuple[str, list[int]]:
-        """Instance ``instance``'s code, as text and token IDs (base-len(alphabet) digits)."""
+        """Instance ``instance``'s code, as text and token IDs: its digits in base
+        len(alphabet), the lowest first, so that instances close in number (the ones a
+        window runs together) differ from the code's first token on."""
         base = len(self.token_ids)
         digits = []
         for _ in range(self.length):
             instance, digit = divmod(instance, base)
             digits.append(digit)
-        digits.reverse()
         return "".join(self.characters[d] for d in digits), [self.token_ids[d] for d in digits]
 
 
@@ -132,7 +136,10 @@ class ChatSessions(Sequence[Prompt]):
         conversation = self.conversation(instance)
         pieces = [self.system.token_ids, self.user_turn(instance, 1)]
         for earlier in range(1, turn):
-            pieces += [conversation.answers[earlier - 1].token_ids, self.user_turn(instance, earlier + 1)]
+            pieces += [
+                conversation.answers[earlier - 1].token_ids,
+                self.user_turn(instance, earlier + 1),
+            ]
         return pieces
 
     def prompt(self, instance: int, turn: int) -> Prompt:
