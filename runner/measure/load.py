@@ -26,7 +26,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import count
-from typing import Any, Self
+from typing import Any, Required, Self, TypedDict, Unpack
 
 import httpx
 
@@ -51,6 +51,18 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 # loop; many small pools keep that scan short. Each pool holds one connection per
 # user, so httpx's default cap of 100 connections never limits concurrency.
 USERS_PER_CLIENT = 16
+
+
+class UserSettings(TypedDict, total=False):
+    """How every request is sent: the keyword arguments of :class:`StreamingUsers`."""
+
+    served_name: Required[str]
+    ignore_eos: Required[bool]
+    temperature: Required[float]
+    request_timeout_s: Required[float]
+    headers: dict[str, str] | None
+    transport: str
+    cache_salt: str | None
 
 
 class StreamingUsers(ABC):
@@ -245,28 +257,12 @@ class LoadGenerator(StreamingUsers):
         prompts: Sequence[Prompt],
         users: int,
         *,
-        served_name: str,
-        ignore_eos: bool,
-        temperature: float,
-        request_timeout_s: float,
-        headers: dict[str, str] | None = None,
         max_requests: int | None = None,
-        transport: str = "lean",
-        cache_salt: str | None = None,
+        **settings: Unpack[UserSettings],
     ) -> None:
         if not prompts:
             raise ValueError("the workload has no prompts")
-        super().__init__(
-            base_url,
-            users,
-            served_name=served_name,
-            ignore_eos=ignore_eos,
-            temperature=temperature,
-            request_timeout_s=request_timeout_s,
-            headers=headers,
-            transport=transport,
-            cache_salt=cache_salt,
-        )
+        super().__init__(base_url, users, **settings)
         self._buckets = prompts_by_bucket(list(prompts))
         self.user_buckets = assign_buckets(users, list(self._buckets))
         self._cursors = {total: count() for total in self._buckets}

@@ -27,7 +27,7 @@ from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.errors import EngineError, MeasurementError
 from runner.measure.clienthealth import ClientHealthProbe
-from runner.measure.load import LoadGenerator, StreamingUsers, auth_headers
+from runner.measure.load import LoadGenerator, StreamingUsers, UserSettings, auth_headers
 from runner.measure.records import MetricsSample, WindowMeasurement
 from runner.measure.result import WindowResult
 from runner.measure.sampler import Sampler, metrics_client, read_metrics, wait_idle_async
@@ -147,14 +147,14 @@ async def _collect(
     search, workload = config.search, config.workload
     headers = auth_headers(api_key)
     _raise_if_fault(engine, "before the window")
-    settings = {
-        "served_name": config.model.served_name,
-        "ignore_eos": workload.ignore_eos,
-        "temperature": workload.temperature,
-        "request_timeout_s": workload.request_timeout_s,
-        "headers": headers,
-        "cache_salt": window_salt(config),
-    }
+    settings = UserSettings(
+        served_name=config.model.served_name,
+        ignore_eos=workload.ignore_eos,
+        temperature=workload.temperature,
+        request_timeout_s=workload.request_timeout_s,
+        headers=headers,
+        cache_salt=window_salt(config),
+    )
     # Chat sessions walk their conversations with think time; any other workload's
     # users cycle through its prompts.
     load: StreamingUsers

@@ -31,8 +31,9 @@ import json
 import logging
 import time
 from itertools import count
+from typing import Unpack
 
-from runner.measure.load import ERROR_BACKOFF_S, StreamingUsers
+from runner.measure.load import ERROR_BACKOFF_S, StreamingUsers, UserSettings
 from runner.measure.records import RequestRecord
 from runner.workload.conversation import ChatSessions
 
@@ -47,26 +48,9 @@ class SessionUsers(StreamingUsers):
         base_url: str,
         sessions: ChatSessions,
         users: int,
-        *,
-        served_name: str,
-        ignore_eos: bool,
-        temperature: float,
-        request_timeout_s: float,
-        headers: dict[str, str] | None = None,
-        transport: str = "lean",
-        cache_salt: str | None = None,
+        **settings: Unpack[UserSettings],
     ) -> None:
-        super().__init__(
-            base_url,
-            users,
-            served_name=served_name,
-            ignore_eos=ignore_eos,
-            temperature=temperature,
-            request_timeout_s=request_timeout_s,
-            headers=headers,
-            transport=transport,
-            cache_salt=cache_salt,
-        )
+        super().__init__(base_url, users, **settings)
         self.sessions = sessions
         # Every user's requests fall in one "bucket": the conversation's longest request.
         self.user_buckets = [sessions.session_total] * users

@@ -12,8 +12,6 @@ import httpx
 import pytest
 
 from runner.config import RunConfig, build_config
-from runner.engines.base import LaunchPlan
-from runner.engines.process import ProcessEngine
 from runner.measure.metrics import parse_metrics
 from runner.measure.protocol import collect_window, prefix_cache_state
 from runner.measure.records import WindowMeasurement
@@ -23,7 +21,7 @@ from runner.workload.chat_sessions import build_sessions
 from runner.workload.context_mix import load_tokenizer
 from runner.workload.conversation import ChatSessions
 from tests.conftest import compose
-from tests.integration.conftest import TINY_CONTEXT, Server, free_port, wait_idle
+from tests.integration.conftest import TINY_CONTEXT, Server, prefix_cached_engine, wait_idle
 
 pytestmark = pytest.mark.integration
 
@@ -32,21 +30,10 @@ USERS = 4
 
 @pytest.fixture(scope="module")
 def chat_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
-    """An engine with automatic prefix caching on (blocks of 128 tokens on the CPU)."""
-    port = free_port(8650)
-    plan = LaunchPlan(
-        image=None,
-        argv=[
-            "--model", str(tiny_model_dir), "--served-model-name", "tiny-chat",
-            "--load-format", "dummy", "--kv-cache-memory-bytes", str(1 << 30),
-            "--max-model-len", str(TINY_CONTEXT), "--max-num-seqs", "16",
-            "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
-        ],
-        port=port,
-    )  # fmt: skip
-    engine = ProcessEngine(plan, log_dir=tmp_path_factory.mktemp("chat"), startup_timeout_s=600)
-    with engine:
-        yield Server(engine=engine, served_name="tiny-chat", model_dir=tiny_model_dir)
+    with prefix_cached_engine(
+        tiny_model_dir, tmp_path_factory.mktemp("chat"), "tiny-chat", 8650
+    ) as server:
+        yield server
 
 
 def chat_config(state: str) -> RunConfig:
