@@ -204,6 +204,12 @@ class ContextMixWorkload(WorkloadBase):
     def largest_total(self) -> int:
         return max(bucket.total_tokens for bucket in self.buckets)
 
+    @property
+    def distribution(self) -> str:
+        """The mix in one line, as the report states it."""
+        totals = "/".join(f"{bucket.total_tokens}" for bucket in self.buckets)
+        return f"equal {totals} total tokens, {self.max_tokens} output"
+
 
 class ShareGPTWorkload(WorkloadBase):
     """Seed 000's fixed-concurrency benchmark over a local ShareGPT file; no search."""
@@ -216,6 +222,72 @@ class ShareGPTWorkload(WorkloadBase):
     concurrency: int | None = Field(default=None, ge=1)
 
 
+class ThinkTime(Strict):
+    """How long a chat user reads and types between an answer and its next turn: seeded
+    draws, frozen into ``workload.jsonl`` with the conversations."""
+
+    distribution: Literal["fixed", "exponential"] = "exponential"
+    # fixed: every pause; exponential: the mean of the draws before the cap. 0: no pause.
+    mean_s: float = Field(default=0.0, ge=0)
+    # The longest pause; an exponential's long tail is cut here. None: 5 x mean_s.
+    max_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _cap_above_mean(self) -> ThinkTime:
+        if self.max_s is not None and self.max_s < self.mean_s:
+            raise ValueError(f"max_s={self.max_s} is below mean_s={self.mean_s}")
+        return self
+
+    @property
+    def longest_s(self) -> float:
+        """The longest pause any draw can give."""
+        if self.distribution == "fixed":
+            return self.mean_s
+        return self.max_s if self.max_s is not None else 5.0 * self.mean_s
+
+
+class ChatSessionsWorkload(WorkloadBase):
+    """Persistent users in multi-turn conversations: a shared system prompt, a growing
+    history, think time between turns (``workload/chat_sessions*``).
+
+    Every count is exact after the chat template: turn k's prompt holds
+    ``system_tokens + k * user_tokens + (k - 1) * max_tokens`` tokens, and each answer is
+    forced to ``max_tokens``.
+    """
+
+    kind: Literal["chat_sessions"]
+    system_tokens: int = Field(gt=0)
+    user_tokens: int = Field(gt=0)
+    turns: int = Field(ge=1)
+    conversations: int = Field(default=32, ge=1)
+    think_time: ThinkTime = ThinkTime()
+
+    def total_at(self, turn: int) -> int:
+        """Prompt plus forced answer of ``turn`` (1-based)."""
+        return self.system_tokens + turn * (self.user_tokens + (self.max_tokens or 0))
+
+    @property
+    def distribution(self) -> str:
+        """The conversations in one line, as the report states it."""
+        think = self.think_time
+        pause = (
+            "no think time"
+            if think.mean_s == 0
+            else f"{think.distribution} think time of {think.mean_s:g} s"
+            + (f" (at most {think.longest_s:g} s)" if think.distribution == "exponential" else "")
+        )
+        return (
+            f"chat sessions of up to {self.turns} turns: a shared {self.system_tokens}-token "
+            f"system prompt, {self.user_tokens}-token user turns, {self.max_tokens}-token "
+            f"answers, {pause}"
+        )
+
+    def turns_within(self, context: int) -> int:
+        """Turns a conversation holds before its next turn would pass ``context`` tokens."""
+        per_turn = self.user_tokens + (self.max_tokens or 0)
+        return max(0, min(self.turns, (context - self.system_tokens) // per_turn))
+
+
 def _workload_kind(value: Any) -> str:
     # A workload file written before kinds existed is a context mix.
     if isinstance(value, dict):
@@ -225,7 +297,9 @@ def _workload_kind(value: Any) -> str:
 
 # What the simulated users send, told apart by ``kind``: a YAML carries only its kind's keys.
 Workload = Annotated[
-    Annotated[ContextMixWorkload, Tag("context_mix")] | Annotated[ShareGPTWorkload, Tag("sharegpt")],
+    Annotated[ContextMixWorkload, Tag("context_mix")]
+    | Annotated[ShareGPTWorkload, Tag("sharegpt")]
+    | Annotated[ChatSessionsWorkload, Tag("chat_sessions")],
     Discriminator(_workload_kind),
 ]
 
@@ -420,6 +494,22 @@ class RunConfig(Strict):
     run_id: str | None = None
     dry_run: bool = False
     cache_dir: str = "~/.cache/runner"
+
+    @property
+    def served_len(self) -> int:
+        """The context the engine serves: ``engine.max_model_len``, else the model's."""
+        return self.engine.max_model_len or self.model.max_context
+
+    @property
+    def largest_total(self) -> int | None:
+        """The longest request the search's workload sends, prompt plus forced answer; a
+        conversation ends before its next turn would pass the served context."""
+        workload = self.workload
+        if workload.kind == "context_mix":
+            return workload.largest_total
+        if workload.kind == "chat_sessions":
+            return workload.total_at(workload.turns_within(self.served_len))
+        return None
 
 
 def url_problem(url: str) -> str | None:

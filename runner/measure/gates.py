@@ -7,7 +7,10 @@ session holding the client off the CPU, a slow network):
 
 * offered load: a user that spent part of the window between requests (a completion
   read late, the next request dispatched late) sent the engine less than the row
-  claims, and its rate is lower for a reason that is not the engine's;
+  claims, and its rate is lower for a reason that is not the engine's. A chat user's
+  think time (``RequestRecord.think_after_s``) is a pause the workload asks for, not
+  idleness of the client: the share is taken over the part of the window a user was
+  not deliberately pausing, so the gate still catches a late client at any think time;
 * loop lag: a client event loop that woke up later than one token gap at the floor
   stamped chunks late and merged a floor-rate user's tokens into one read.
 
@@ -26,17 +29,37 @@ from runner.measure.records import ClientHealth, MetricsSample, RequestRecord
 
 @dataclass(frozen=True)
 class OfferedLoad:
-    """How much of the window each user had a request in flight (dispatch to last byte),
-    and what the server saw. ``None`` figures are unavailable, never zero."""
+    """How much of the window each user had a request in flight (dispatch to last byte)
+    while not pausing on purpose, and what the server saw. ``None`` figures are
+    unavailable, never zero."""
 
     user_in_flight_pct: list[float]
     min_in_flight_pct: float
     mean_in_flight_pct: float
-    # Between a completion and the same user's next dispatch, inside the window.
+    # Between a completion (and the think time after it) and the same user's next
+    # dispatch, inside the window.
     dispatch_gap_p99_ms: float | None
     dispatch_gap_max_ms: float | None
     # The server's running + waiting requests, averaged over the 1 Hz samples.
     server_in_flight_mean: float | None
+    # The mean share of the window users spent in think time (0 without it).
+    thinking_pct: float = 0.0
+
+
+def pauses(records: Sequence[RequestRecord], users: int) -> list[list[tuple[float, float]]]:
+    """Each user's think-time pauses, ``(start, end)`` on the monotonic clock."""
+    found: list[list[tuple[float, float]]] = [[] for _ in range(users)]
+    for record in records:
+        if record.think_after_s > 0 and record.finished_at is not None:
+            found[record.user].append(
+                (record.finished_at, record.finished_at + record.think_after_s)
+            )
+    return found
+
+
+def overlap(intervals: Sequence[tuple[float, float]], start: float, end: float) -> float:
+    """Seconds of ``[start, end]`` the (disjoint) ``intervals`` cover."""
+    return sum(max(0.0, min(b, end) - max(a, start)) for a, b in intervals)
 
 
 def offered_load(
@@ -47,7 +70,9 @@ def offered_load(
     samples: Sequence[MetricsSample] = (),
 ) -> OfferedLoad:
     """The :class:`OfferedLoad` of the window ``[t0, t1]``; a request still streaming at
-    ``t1`` (``finished_at`` None or later) is in flight to the end."""
+    ``t1`` (``finished_at`` None or later) is in flight to the end. Each user's share is
+    over the seconds of the window it was not in think time (a user that paused through
+    all of it counts as in flight)."""
     span = t1 - t0
     busy = [0.0] * users
     by_user: list[list[RequestRecord]] = [[] for _ in range(users)]
@@ -55,15 +80,19 @@ def offered_load(
         by_user[record.user].append(record)
         end = record.finished_at if record.finished_at is not None else t1
         busy[record.user] += max(0.0, min(end, t1) - max(record.dispatched_at, t0))
+    thinking = [overlap(own, t0, t1) for own in pauses(records, users)]
     gaps = [
-        later.dispatched_at - earlier.finished_at
+        later.dispatched_at - earlier.finished_at - earlier.think_after_s
         for own in by_user
         for earlier, later in zip(own, own[1:])
         if earlier.finished_at is not None
         and earlier.error is None  # after an error a user backs off on purpose
         and t0 <= later.dispatched_at <= t1
     ]
-    shares = [min(100.0, 100.0 * seconds / span) for seconds in busy]
+    shares = [
+        min(100.0, 100.0 * seconds / (span - paused)) if span - paused > 0 else 100.0
+        for seconds, paused in zip(busy, thinking)
+    ]
     queued = [
         s.metrics.requests_running + s.metrics.requests_waiting
         for s in samples
@@ -77,6 +106,7 @@ def offered_load(
         dispatch_gap_p99_ms=float(np.percentile(gap_ms, 99)) if gaps else None,
         dispatch_gap_max_ms=float(gap_ms.max()) if gaps else None,
         server_in_flight_mean=float(np.mean(queued)) if queued else None,
+        thinking_pct=100.0 * sum(thinking) / (span * users),
     )
 
 
@@ -90,10 +120,14 @@ def offered_load_reasons(load: OfferedLoad, users: int, min_in_flight_pct: float
         if load.server_in_flight_mean is not None
         else ""
     )
+    if load.thinking_pct:
+        window, after = "of the window outside think time", "a completion and its think time"
+    else:
+        window, after = "of the window", "a completion"
     return [
         f"offered load below N={users}: {idle} user(s) had a request in flight less than "
-        f"{min_in_flight_pct:g}% of the window (lowest {load.min_in_flight_pct:.1f}%, next "
-        f"dispatch up to {load.dispatch_gap_max_ms or 0:.0f} ms after a completion){server}"
+        f"{min_in_flight_pct:g}% {window} (lowest {load.min_in_flight_pct:.1f}%, next "
+        f"dispatch up to {load.dispatch_gap_max_ms or 0:.0f} ms after {after}){server}"
     ]
 
 
@@ -106,15 +140,18 @@ def frontend_bound(load: OfferedLoad, users: int, min_in_flight_pct: float) -> b
     """Whether the engine's API frontend, not its scheduler, held the load back.
 
     The client kept every user in flight (the offered-load gate passed) while the
-    engine's scheduler held well under N running or waiting: the difference sat in
+    engine's scheduler held well under N running or waiting (N less the users in
+    think time): the difference sat in
     vLLM's API server (request parsing, tokenization, streaming). The window is a true
     measurement of the server, so it stays valid; the row and report say so, and
     what to try (more API server processes: vLLM's ``--api-server-count``).
     """
+    # Users in think time send nothing, so the engine should hold only the rest.
+    expected = users * (1.0 - load.thinking_pct / 100.0)
     return (
         load.server_in_flight_mean is not None
         and load.min_in_flight_pct >= min_in_flight_pct
-        and load.server_in_flight_mean < FRONTEND_BOUND_SHARE * users
+        and load.server_in_flight_mean < FRONTEND_BOUND_SHARE * expected
     )
 
 

@@ -1,7 +1,9 @@
 """N persistent streaming users against vLLM's ``/v1/completions`` (seed 004 sections 6-7).
 
-Each user is a coroutine that sends its next request the moment the last one ends
-(zero think time). User ``i`` belongs to context bucket ``i % n_buckets`` (buckets
+Each user is a coroutine (:class:`StreamingUsers` holds them, their connections and
+their records). A :class:`LoadGenerator` user sends its next request the moment the
+last one ends (zero think time); chat-session users, which pause between turns, are
+:class:`runner.measure.sessions.SessionUsers`. User ``i`` belongs to context bucket ``i % n_buckets`` (buckets
 in workload order), so every bucket stays represented at any N, and the users of
 a bucket take that bucket's prompts in order from one shared cursor, so no two
 requests in flight carry the same prompt.
@@ -21,8 +23,10 @@ import asyncio
 import json
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from itertools import count
+from typing import Any, Required, Self, TypedDict, Unpack
 
 import httpx
 
@@ -49,13 +53,27 @@ def auth_headers(api_key: str | None) -> dict[str, str]:
 USERS_PER_CLIENT = 16
 
 
-class LoadGenerator:
-    """Drives ``users`` persistent streams until :meth:`stop_dispatch` is called."""
+class UserSettings(TypedDict, total=False):
+    """How every request is sent: the keyword arguments of :class:`StreamingUsers`."""
+
+    served_name: Required[str]
+    ignore_eos: Required[bool]
+    temperature: Required[float]
+    request_timeout_s: Required[float]
+    headers: dict[str, str] | None
+    transport: str
+    cache_salt: str | None
+
+
+class StreamingUsers(ABC):
+    """``users`` persistent streams over one transport, until :meth:`stop_dispatch` is
+    called; a subclass says what each user sends (its ``_user`` coroutine)."""
+
+    user_buckets: list[int]  # the bucket total of each user, set by the subclass
 
     def __init__(
         self,
         base_url: str,
-        prompts: Sequence[Prompt],
         users: int,
         *,
         served_name: str,
@@ -63,27 +81,18 @@ class LoadGenerator:
         temperature: float,
         request_timeout_s: float,
         headers: dict[str, str] | None = None,
-        max_requests: int | None = None,
         transport: str = "lean",
         cache_salt: str | None = None,
     ) -> None:
-        if not prompts:
-            raise ValueError("the workload has no prompts")
         if users < 1:
             raise ValueError(f"users must be at least 1, got {users}")
-        self._buckets = prompts_by_bucket(list(prompts))
-        self.user_buckets = assign_buckets(users, list(self._buckets))
-        self._cursors = {total: count() for total in self._buckets}
+        self.users = users
         self._served_name = served_name
         self._ignore_eos = ignore_eos
         self._temperature = temperature
         self._request_timeout_s = request_timeout_s
         # Keeps this load's prompts apart in the engine's prefix cache (vLLM cache_salt).
         self._cache_salt = cache_salt
-        # A fixed-size benchmark (seed 000's --num-prompts) ends once the users
-        # together have sent this many requests; None keeps them going until stopped.
-        self._max_requests = max_requests
-        self._bodies: dict[str, bytes] = {}
         self._stopping = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.records: list[RequestRecord] = []
@@ -115,7 +124,7 @@ class LoadGenerator:
             for _ in range(-(-users // USERS_PER_CLIENT))
         ]
 
-    async def __aenter__(self) -> LoadGenerator:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
@@ -127,8 +136,7 @@ class LoadGenerator:
 
     def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._user(i), name=f"user-{i}")
-            for i in range(len(self.user_buckets))
+            asyncio.create_task(self._user(i), name=f"user-{i}") for i in range(self.users)
         ]
 
     async def wait_users(self, timeout_s: float | None) -> bool:
@@ -163,51 +171,32 @@ class LoadGenerator:
             await asyncio.wait(pending)
         return len(pending)
 
-    def _body(self, prompt: Prompt) -> bytes:
-        body = self._bodies.get(prompt.id)
-        if body is None:
-            request = {
-                "model": self._served_name,
-                "prompt": prompt.token_ids,
-                # Always explicit: without it vLLM silently stops at 16 tokens (seed 004 §12).
-                "max_tokens": prompt.max_tokens,
-                "ignore_eos": self._ignore_eos,
-                "temperature": self._temperature,
-                "stream": True,
-                "stream_options": {"include_usage": True},
-                "return_token_ids": True,
-            }
-            if self._ignore_eos:
-                # Forced length; natural-EOS workloads let the model stop on its own.
-                request["min_tokens"] = prompt.max_tokens
-            if self._cache_salt is not None:
-                request["cache_salt"] = self._cache_salt
-            body = json.dumps(request, separators=(",", ":")).encode()
-            if self._endpoint is not None:
-                body = self._endpoint.request(body)
-            self._bodies[prompt.id] = body
-        return body
+    def _request(self, max_tokens: int) -> dict[str, Any]:
+        """The fields of every request but its prompt."""
+        request: dict[str, Any] = {
+            "model": self._served_name,
+            # Always explicit: without it vLLM silently stops at 16 tokens (seed 004 §12).
+            "max_tokens": max_tokens,
+            "ignore_eos": self._ignore_eos,
+            "temperature": self._temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "return_token_ids": True,
+        }
+        if self._ignore_eos:
+            # Forced length; natural-EOS workloads let the model stop on its own.
+            request["min_tokens"] = max_tokens
+        if self._cache_salt is not None:
+            request["cache_salt"] = self._cache_salt
+        return request
 
-    def _next_prompt(self, bucket_total: int) -> Prompt:
-        prompts = self._buckets[bucket_total]
-        return prompts[next(self._cursors[bucket_total]) % len(prompts)]
+    def _wire(self, body: bytes) -> bytes:
+        """What :meth:`_send` takes: the whole HTTP request on the lean transport."""
+        return self._endpoint.request(body) if self._endpoint is not None else body
 
+    @abstractmethod
     async def _user(self, user: int) -> None:
-        bucket_total = self.user_buckets[user]
-        while not self._stopping.is_set():
-            if self._max_requests is not None and len(self.records) >= self._max_requests:
-                return
-            prompt = self._next_prompt(bucket_total)
-            record = RequestRecord(
-                user=user,
-                bucket_total=bucket_total,
-                prompt_id=prompt.id,
-                dispatched_at=time.monotonic(),
-            )
-            self.records.append(record)
-            await self._send(user, record, self._body(prompt))
-            if record.error is not None and not self._stopping.is_set():
-                await asyncio.sleep(ERROR_BACKOFF_S)
+        """User ``user``'s requests, one after the other, until dispatch stops."""
 
     async def _send(self, user: int, record: RequestRecord, body: bytes) -> None:
         """``body`` is the full HTTP request on the lean transport, the JSON on httpx."""
@@ -257,3 +246,56 @@ class LoadGenerator:
             record.usage_completion_tokens = usage.get("completion_tokens")
         elif "error" in event:
             record.error = f"stream error: {str(event['error'])[:300]}"
+
+
+class LoadGenerator(StreamingUsers):
+    """Users that each send their bucket's next prompt the moment the last one ends."""
+
+    def __init__(
+        self,
+        base_url: str,
+        prompts: Sequence[Prompt],
+        users: int,
+        *,
+        max_requests: int | None = None,
+        **settings: Unpack[UserSettings],
+    ) -> None:
+        if not prompts:
+            raise ValueError("the workload has no prompts")
+        super().__init__(base_url, users, **settings)
+        self._buckets = prompts_by_bucket(list(prompts))
+        self.user_buckets = assign_buckets(users, list(self._buckets))
+        self._cursors = {total: count() for total in self._buckets}
+        # A fixed-size benchmark (seed 000's --num-prompts) ends once the users
+        # together have sent this many requests; None keeps them going until stopped.
+        self._max_requests = max_requests
+        self._bodies: dict[str, bytes] = {}
+
+    def _body(self, prompt: Prompt) -> bytes:
+        body = self._bodies.get(prompt.id)
+        if body is None:
+            request = {**self._request(prompt.max_tokens), "prompt": prompt.token_ids}
+            body = self._wire(json.dumps(request, separators=(",", ":")).encode())
+            self._bodies[prompt.id] = body
+        return body
+
+    def _next_prompt(self, bucket_total: int) -> Prompt:
+        prompts = self._buckets[bucket_total]
+        return prompts[next(self._cursors[bucket_total]) % len(prompts)]
+
+    async def _user(self, user: int) -> None:
+        bucket_total = self.user_buckets[user]
+        while not self._stopping.is_set():
+            if self._max_requests is not None and len(self.records) >= self._max_requests:
+                return
+            prompt = self._next_prompt(bucket_total)
+            record = RequestRecord(
+                user=user,
+                bucket_total=bucket_total,
+                prompt_id=prompt.id,
+                dispatched_at=time.monotonic(),
+            )
+            self.records.append(record)
+            await self._send(user, record, self._body(prompt))
+            if record.error is not None and not self._stopping.is_set():
+                await asyncio.sleep(ERROR_BACKOFF_S)

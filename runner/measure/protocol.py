@@ -27,12 +27,14 @@ from runner.config import RunConfig
 from runner.engines.base import RunningEngine
 from runner.errors import EngineError, MeasurementError
 from runner.measure.clienthealth import ClientHealthProbe
-from runner.measure.load import LoadGenerator, auth_headers
+from runner.measure.load import LoadGenerator, StreamingUsers, UserSettings, auth_headers
 from runner.measure.records import MetricsSample, WindowMeasurement
 from runner.measure.result import WindowResult
 from runner.measure.sampler import Sampler, metrics_client, read_metrics, wait_idle_async
+from runner.measure.sessions import SessionUsers
 from runner.measure.transport import run as run_async
 from runner.measure.window import summarize_window
+from runner.workload.conversation import ChatSessions
 from runner.workload.prompt import Prompt
 
 log = logging.getLogger("runner")
@@ -52,6 +54,9 @@ def run_window(
     api_key: str | None = None,
 ) -> WindowResult:
     """Measure ``users`` concurrent users for one window; the engine is idle afterwards.
+
+    ``prompts`` is the frozen workload; :class:`ChatSessions` makes the users hold
+    conversations with think time (:mod:`runner.measure.sessions`).
 
     ``telemetry`` is anything with ``start()`` and ``stop() -> TelemetrySummary``.
     Raises EngineError when the engine has already failed before the window, and
@@ -142,10 +147,7 @@ async def _collect(
     search, workload = config.search, config.workload
     headers = auth_headers(api_key)
     _raise_if_fault(engine, "before the window")
-    load = LoadGenerator(
-        engine.base_url,
-        prompts,
-        users,
+    settings = UserSettings(
         served_name=config.model.served_name,
         ignore_eos=workload.ignore_eos,
         temperature=workload.temperature,
@@ -153,6 +155,13 @@ async def _collect(
         headers=headers,
         cache_salt=window_salt(config),
     )
+    # Chat sessions walk their conversations with think time; any other workload's
+    # users cycle through its prompts.
+    load: StreamingUsers
+    if isinstance(prompts, ChatSessions):
+        load = SessionUsers(engine.base_url, prompts, users, **settings)
+    else:
+        load = LoadGenerator(engine.base_url, prompts, users, **settings)
     async with metrics_client(engine.base_url, headers) as metrics, load:
         await wait_idle_async(metrics, search.drain_timeout_s)
         load.start()

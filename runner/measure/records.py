@@ -40,6 +40,12 @@ class RequestRecord:
     token_events: int = 0
     error: str | None = None
     usage_completion_tokens: int | None = None
+    # A chat user pauses this long after the request ends, on purpose (think time):
+    # not idleness of the client (runner.measure.gates).
+    think_after_s: float = 0.0
+    # The streamed token IDs as the JSON text of their numbers, comma-separated, kept
+    # only when asked for (a bytearray given): a chat user sends them back as its history.
+    returned_ids: bytearray | None = None
 
     @property
     def tokens(self) -> int:

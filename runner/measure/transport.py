@@ -262,6 +262,8 @@ def scan_events(
             if ids.strip():
                 received += ids.count(b",") + 1
                 record.token_events += 1
+                if record.returned_ids is not None:
+                    record.returned_ids += ids + b","
             continue
         for line in piece.split(b"\n"):
             if not line.startswith(b"data:"):

@@ -116,6 +116,7 @@ def slowest_user_interval(
     request_s: float = 15.0,
     resamples: int = RESAMPLES,
     seed: int = 0,
+    user_seconds: Sequence[Sequence[float]] | None = None,
 ) -> Interval | None:
     """95% interval of the slowest user's long-run rate.
 
@@ -128,19 +129,23 @@ def slowest_user_interval(
     from those (Student's t), and the basic bootstrap interval carries the low
     reading of a minimum of noisy rates back up. None without enough batches.
     ``seed`` makes it repeatable: a resumed run gets the same interval.
+    ``user_seconds`` gives each user intervals of its own (a chat user's seconds
+    outside think time) in place of the shared ``seconds``.
     """
     if not user_deltas:
         return None
     means, errors, dof = [], [], None
-    for deltas in user_deltas:
-        split = _batches(deltas, seconds, request_s)
+    for user, deltas in enumerate(user_deltas):
+        spans = user_seconds[user] if user_seconds is not None else seconds
+        split = _batches(deltas, spans, request_s)
         if split is None:
             return None
         rates, weights = split
         mean = float(np.sum(rates * weights) / weights.sum())
         means.append(mean)
         errors.append(_t_half_width(rates, weights, mean) / T975[len(rates) - 1])
-        dof = len(rates) - 1
+        # Users with intervals of their own may have fewer batches: the fewest counts.
+        dof = len(rates) - 1 if dof is None else min(dof, len(rates) - 1)
     assert dof is not None
     estimate = min(means)
     rng = np.random.default_rng(seed)

@@ -19,11 +19,18 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from runner.measure.gates import frontend_bound, judge, offered_load, offered_load_reasons
+from runner.measure.gates import (
+    frontend_bound,
+    judge,
+    offered_load,
+    offered_load_reasons,
+    overlap,
+    pauses,
+)
 from runner.measure.records import MetricsSample, RequestRecord, WindowMeasurement
 from runner.measure.result import BucketStats, QueueSummary, WindowDetail, WindowResult, WindowRow
 from runner.measure.streams import summarize_streams
-from runner.measure.uncertainty import aggregate_interval, slowest_user_interval
+from runner.measure.uncertainty import Interval, aggregate_interval, slowest_user_interval
 
 
 def percentile_ms(seconds: Sequence[float], q: float) -> float | None:
@@ -128,7 +135,14 @@ def summarize_window(
             record.finished_at is None or record.finished_at >= m.t0
         ):
             tokens_per_user[record.user] += record.tokens_between(m.t0, m.t1)
-    user_tok_s = [tokens / span_s for tokens in tokens_per_user]
+    # A chat user's rate is over the seconds it was not in think time: what it sees
+    # while it waits for answers, as a user without think time sees over the window.
+    user_pauses = pauses(m.records, m.users)
+    user_active_s = [span_s - overlap(own, m.t0, m.t1) for own in user_pauses]
+    user_tok_s = [
+        tokens / active if active > 0 else 0.0
+        for tokens, active in zip(tokens_per_user, user_active_s)
+    ]
     client_tokens = sum(tokens_per_user)
     aggregate = client_tokens / span_s
 
@@ -198,7 +212,7 @@ def summarize_window(
         server_in_flight_mean=load.server_in_flight_mean,
         aggregate_output_tok_s=aggregate,
         server_output_tok_s=server_tokens / span_s if server_tokens is not None else None,
-        mean_user_tok_s=aggregate / m.users,
+        mean_user_tok_s=float(np.mean(user_tok_s)) if any(user_pauses) else aggregate / m.users,
         min_user_tok_s=min(user_tok_s),
         p05_user_tok_s=float(np.percentile(user_tok_s, 5)),
         ttft_p50_ms=percentile_ms(ttft, 50),
@@ -238,9 +252,7 @@ def summarize_window(
         offered_load=load,
         # 95% intervals of the two figures the search decides on (runner.measure.uncertainty).
         aggregate_ci=aggregate_interval(aggregate, *_counter_steps(m), request_s=request_s),
-        min_user_ci=slowest_user_interval(
-            _user_seconds(m, span_s), _bin_seconds(span_s), request_s=request_s
-        ),
+        min_user_ci=_slowest_user_ci(m, span_s, user_pauses, request_s),
         frontend_bound=min_in_flight_pct is not None
         and frontend_bound(load, m.users, min_in_flight_pct),
         prefix_cache=prefix_cache,
@@ -297,6 +309,45 @@ def _user_seconds(m: WindowMeasurement, span_s: float) -> list[list[float]]:
             if m.t0 <= arrived <= m.t1:
                 counts[record.user][min(bins - 1, int(arrived - m.t0))] += tokens
     return counts
+
+
+def _slowest_user_ci(
+    m: WindowMeasurement,
+    span_s: float,
+    user_pauses: list[list[tuple[float, float]]],
+    request_s: float,
+) -> Interval | None:
+    """The slowest user's 95% interval. With think time, each user's seconds are counted
+    on its own clock that stops while it pauses, cut into one-second bins of that clock."""
+    if not any(user_pauses):
+        return slowest_user_interval(
+            _user_seconds(m, span_s), _bin_seconds(span_s), request_s=request_s
+        )
+    deltas: list[list[float]] = []
+    seconds: list[list[float]] = []
+    for user, own in enumerate(user_pauses):
+        starts = np.array([max(a, m.t0) for a, b in own if b > m.t0 and a < m.t1])
+        ends = np.array([min(b, m.t1) for a, b in own if b > m.t0 and a < m.t1])
+        bins = _bin_seconds(span_s - float(np.sum(ends - starts)))
+        if not bins:
+            return None  # a user that paused through the whole window: nothing to weigh
+        counts = np.zeros(len(bins))
+        for record in m.records:
+            if record.user != user:
+                continue
+            times = np.asarray(record.chunk_times, dtype=float)
+            tokens = np.asarray(record.chunk_tokens, dtype=float)
+            inside = (times >= m.t0) & (times <= m.t1)
+            if not inside.any():
+                continue
+            times = times[inside]
+            # Seconds of the window before each arrival that the user was not pausing.
+            paused = np.clip(times[:, None] - starts[None, :], 0.0, ends - starts).sum(axis=1)
+            where = np.minimum(len(bins) - 1, (times - m.t0 - paused).astype(int))
+            np.add.at(counts, where, tokens[inside])
+        deltas.append(counts.tolist())
+        seconds.append(bins)
+    return slowest_user_interval(deltas, request_s=request_s, user_seconds=seconds)
 
 
 def _queue_summary(samples: Sequence[MetricsSample]) -> QueueSummary:

@@ -134,12 +134,15 @@ def workload_family(workload: Workload) -> str:
 
     Answers that stop at the model's own EOS are shorter than forced ones, so their
     throughput is not comparable (seed 004 §12 keeps them apart as ``*-natural-eos``);
-    seed 000's ShareGPT benchmark reports other figures altogether (``-sharegpt``).
+    seed 000's ShareGPT benchmark reports other figures altogether (``-sharegpt``), and
+    chat sessions, with their reused history and think time, another load (``-chat``).
     The workload stays out of ``config_id``, which names the served engine only.
     """
     marks = []
     if workload.kind == "sharegpt":
         marks.append("sharegpt")
+    if workload.kind == "chat_sessions":
+        marks.append("chat")
     if not workload.ignore_eos:
         marks.append("natural-eos")
     return "".join(f"-{mark}" for mark in marks)

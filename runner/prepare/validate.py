@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 
 from runner.config import RunConfig
 from runner.errors import ConfigError
+from runner.prepare.chatrules import chat_sessions_rules
 from runner.prepare.generated import MIN_VOCAB_SIZE
 from runner.prepare.launch import (
     SECRET_FLAGS,
@@ -90,7 +91,7 @@ def _precision(config: RunConfig) -> Iterator[str]:
 
 def _lengths(config: RunConfig) -> Iterator[str]:
     engine, model, workload = config.engine, config.model, config.workload
-    served_len = engine.max_model_len or model.max_context
+    served_len = config.served_len
     source = "engine.max_model_len" if engine.max_model_len else f"model {model.name}'s max_context"
     if workload.kind == "context_mix" and served_len < workload.largest_total:
         yield (
@@ -115,7 +116,9 @@ def _lengths(config: RunConfig) -> Iterator[str]:
                 f"workload {workload.name}'s max_tokens={workload.max_tokens} leaves no room "
                 f"for a prompt in the {served_len}-token context ({source})"
             )
-    elif workload.max_tokens >= min(bucket.total_tokens for bucket in workload.buckets):
+    elif workload.kind == "context_mix" and workload.max_tokens >= min(
+        bucket.total_tokens for bucket in workload.buckets
+    ):
         smallest = min(bucket.total_tokens for bucket in workload.buckets)
         yield (
             f"workload {workload.name}'s max_tokens={workload.max_tokens} leaves no room for "
@@ -386,6 +389,7 @@ def validate(config: RunConfig, memory: MachineMemory | None = None) -> list[str
     problems += list(_provenance(config, warnings))
     problems += list(_placement(config, warnings))
     problems += list(_workload_kind(config, warnings))
+    problems += list(chat_sessions_rules(config, warnings))
     if config.engine.max_num_seqs is None:
         warnings.append("engine.max_num_seqs is unset: vLLM's default limits concurrency")
     warnings[:] = [redact(warning) for warning in warnings]

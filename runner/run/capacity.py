@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,6 +40,7 @@ from runner.search.history import search_history
 from runner.search.policy import Observation, SearchParams, decide, next_step
 from runner.secret import redact
 from runner.smoke import run_smoke
+from runner.workload.chat_sessions import build_sessions, write_sessions
 from runner.workload.context_mix import build_prompts, load_tokenizer, write_workload
 from runner.workload.prompt import Prompt
 
@@ -48,8 +50,11 @@ ARTIFACTS = (
 )  # fmt: skip
 
 
-def build_workload(context: RunContext, host_model_dir: Path | None) -> tuple[list[Prompt], str]:
-    """Seed 004's prompts at exact token counts, frozen to ``workload.jsonl``, and its SHA-256."""
+def build_workload(
+    context: RunContext, host_model_dir: Path | None
+) -> tuple[Sequence[Prompt], str]:
+    """The workload at exact token counts, frozen to ``workload.jsonl``, and its SHA-256:
+    seed 004's prompts, or the chat sessions' conversations."""
     config = context.config
     if host_model_dir is None:
         raise ConfigError(
@@ -58,9 +63,12 @@ def build_workload(context: RunContext, host_model_dir: Path | None) -> tuple[li
             "Face cache that holds it and model.revision to the snapshot's commit."
         )
     tokenizer = load_tokenizer(host_model_dir)
+    path = context.results_dir / "workload.jsonl"
+    if config.workload.kind == "chat_sessions":
+        sessions = build_sessions(tokenizer, config.workload, config.served_len)
+        return sessions, write_sessions(sessions, config.workload, path)
     prompts = build_prompts(tokenizer, config.workload)
-    sha = write_workload(prompts, context.results_dir / "workload.jsonl", config.workload.seed)
-    return prompts, sha
+    return prompts, write_workload(prompts, path, config.workload.seed)
 
 
 class CapacitySearch:
@@ -70,7 +78,7 @@ class CapacitySearch:
         config = context.config
         self.context = context
         self.plan = plan
-        self.prompts: list[Prompt] = []
+        self.prompts: Sequence[Prompt] = []
         self.tokenizer_dir: Path | None = None
         self.console = console
         self.params = SearchParams.from_config(config.search, config.slo)
@@ -86,7 +94,7 @@ class CapacitySearch:
         return bool(self.done) and next_step(self.history, self.params) is None
 
     def run(
-        self, prompts: list[Prompt] | None = None, tokenizer_dir: Path | None = None
+        self, prompts: Sequence[Prompt] | None = None, tokenizer_dir: Path | None = None
     ) -> RunSummary:
         """Measure ``prompts`` (the frozen workload) until the search stops; a search that
         has its answer measures nothing and only logs to MLflow what it lacks."""
@@ -271,7 +279,6 @@ def report_facts(context: RunContext) -> dict[str, Any]:
     config = context.config
     startup = context.manifest.get("startup", {})
     preflight = context.manifest.get("preflight") or {}
-    totals = "/".join(f"{b.total_tokens}" for b in config.workload.buckets)
     kv = startup.get("engine_cache_dtype") or config.kv.cache_dtype
     if startup.get("kv_cache_size_tokens"):
         kv = f"{kv} ({startup['kv_cache_size_tokens']:,.0f} tokens)"
@@ -289,7 +296,7 @@ def report_facts(context: RunContext) -> dict[str, Any]:
             else startup.get("engine_quantization")
         ),
         "kv_cache": kv,
-        "context_distribution": f"equal {totals} total tokens, {config.workload.max_tokens} output",
+        "context_distribution": config.workload.distribution,
         "workload_hash": context.manifest.get("workload", {}).get("sha256"),
         "caveats": identity.caveats(config),
     }

@@ -214,7 +214,7 @@ def check_chat(probe: Probe, api_key: str | None) -> CheckResult:
 
 def check_max_total(probe: Probe, api_key: str | None) -> CheckResult:
     prompt = probe.largest()
-    largest = probe.config.workload.largest_total
+    largest = probe.config.largest_total
     total = prompt.prompt_tokens + prompt.max_tokens
     figures: dict[str, Any] = {
         "bucket_total": total,

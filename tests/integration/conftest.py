@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,27 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
     engine = ProcessEngine(plan, log_dir=tmp_path_factory.mktemp("engine"), startup_timeout_s=600)
     with engine:
         yield Server(engine=engine, served_name="tiny", model_dir=tiny_model_dir)
+
+
+@contextmanager
+def prefix_cached_engine(
+    model_dir: Path, log_dir: Path, served_name: str, first_port: int
+) -> Iterator[Server]:
+    """A real vLLM with automatic prefix caching on (blocks of 128 tokens on the CPU)."""
+    port = free_port(first_port)
+    plan = LaunchPlan(
+        image=None,
+        argv=[
+            "--model", str(model_dir), "--served-model-name", served_name,
+            "--load-format", "dummy", "--kv-cache-memory-bytes", str(1 << 30),
+            "--max-model-len", str(TINY_CONTEXT), "--max-num-seqs", "16",
+            "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+        ],
+        port=port,
+    )  # fmt: skip
+    engine = ProcessEngine(plan, log_dir=log_dir, startup_timeout_s=600)
+    with engine:
+        yield Server(engine=engine, served_name=served_name, model_dir=model_dir)
 
 
 def wait_idle(base_url: str, timeout_s: float) -> None:

@@ -9,34 +9,21 @@ from collections.abc import Iterator
 import pytest
 
 from runner.config import RunConfig, build_config
-from runner.engines.base import LaunchPlan
-from runner.engines.process import ProcessEngine
 from runner.measure.protocol import run_window
 from runner.output.console import console_line
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
-from tests.integration.conftest import TINY_CONTEXT, Server, free_port, wait_idle
+from tests.integration.conftest import Server, prefix_cached_engine, wait_idle
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
 def cached_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
-    """An engine with automatic prefix caching on (blocks of 128 tokens on the CPU)."""
-    port = free_port(8550)
-    plan = LaunchPlan(
-        image=None,
-        argv=[
-            "--model", str(tiny_model_dir), "--served-model-name", "tiny-cached",
-            "--load-format", "dummy", "--kv-cache-memory-bytes", str(1 << 30),
-            "--max-model-len", str(TINY_CONTEXT), "--max-num-seqs", "16",
-            "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
-        ],
-        port=port,
-    )  # fmt: skip
-    engine = ProcessEngine(plan, log_dir=tmp_path_factory.mktemp("cached"), startup_timeout_s=600)
-    with engine:
-        yield Server(engine=engine, served_name="tiny-cached", model_dir=tiny_model_dir)
+    with prefix_cached_engine(
+        tiny_model_dir, tmp_path_factory.mktemp("cached"), "tiny-cached", 8550
+    ) as server:
+        yield server
 
 
 def cache_config(state: str) -> RunConfig:

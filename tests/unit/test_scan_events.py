@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from runner.measure.records import RequestRecord
 from runner.measure.transport import add_read, scan_events
 
@@ -32,3 +34,14 @@ def test_a_read_with_tokens_is_one_chunk_and_the_first_sets_ttft() -> None:
     add_read(r, 2.5, 1)
     assert r.first_token_at == 2.0
     assert list(r.chunk_times) == [2.0, 2.5] and list(r.chunk_tokens) == [2, 1]
+
+
+def test_the_streamed_token_ids_are_kept_when_a_chat_user_asks_for_them() -> None:
+    """A chat user sends the engine's own answer back as history: the IDs as streamed."""
+    kept = record()
+    kept.returned_ids = bytearray()
+    assert scan_events(STREAM.split(b"\n\n"), kept, lambda r, e: None) == (3, True)
+    assert json.loads(b"[" + bytes(kept.returned_ids).rstrip(b",") + b"]") == [5, 6, 7]
+    plain = record()
+    scan_events(STREAM.split(b"\n\n"), plain, lambda r, e: None)
+    assert plain.returned_ids is None
