@@ -44,6 +44,9 @@ class OfferedLoad:
     server_in_flight_mean: float | None
     # The mean share of the window users spent in think time (0 without it).
     thinking_pct: float = 0.0
+    # The client's own requests in flight at the instants the server's were sampled,
+    # averaged: what the server's figure should be if it held every request sent.
+    client_in_flight_mean: float | None = None
 
 
 def pauses(records: Sequence[RequestRecord], users: int) -> list[list[tuple[float, float]]]:
@@ -93,11 +96,13 @@ def offered_load(
         min(100.0, 100.0 * seconds / (span - paused)) if span - paused > 0 else 100.0
         for seconds, paused in zip(busy, thinking)
     ]
-    queued = [
-        s.metrics.requests_running + s.metrics.requests_waiting
+    read = [
+        s
         for s in samples
         if s.metrics.requests_running is not None and s.metrics.requests_waiting is not None
     ]
+    queued = [s.metrics.requests_running + s.metrics.requests_waiting for s in read]  # type: ignore[operator]
+    sent = [in_flight_at(records, s.at) for s in read]
     gap_ms = np.asarray(gaps, dtype=float) * 1000.0
     return OfferedLoad(
         user_in_flight_pct=shares,
@@ -107,6 +112,16 @@ def offered_load(
         dispatch_gap_max_ms=float(gap_ms.max()) if gaps else None,
         server_in_flight_mean=float(np.mean(queued)) if queued else None,
         thinking_pct=100.0 * sum(thinking) / (span * users),
+        client_in_flight_mean=float(np.mean(sent)) if sent else None,
+    )
+
+
+def in_flight_at(records: Sequence[RequestRecord], at: float) -> int:
+    """How many of the client's requests were dispatched and not yet finished at ``at``."""
+    return sum(
+        1
+        for r in records
+        if r.dispatched_at <= at and (r.finished_at is None or r.finished_at > at)
     )
 
 
@@ -140,14 +155,18 @@ def frontend_bound(load: OfferedLoad, users: int, min_in_flight_pct: float) -> b
     """Whether the engine's API frontend, not its scheduler, held the load back.
 
     The client kept every user in flight (the offered-load gate passed) while the
-    engine's scheduler held well under N running or waiting (N less the users in
-    think time): the difference sat in
+    engine's scheduler held well under what the client had sent and not yet seen
+    finish, counted at the instants the scheduler was sampled (so users in think time
+    count for nothing, however the pauses fell on the samples): the difference sat in
     vLLM's API server (request parsing, tokenization, streaming). The window is a true
     measurement of the server, so it stays valid; the row and report say so, and
     what to try (more API server processes: vLLM's ``--api-server-count``).
     """
-    # Users in think time send nothing, so the engine should hold only the rest.
-    expected = users * (1.0 - load.thinking_pct / 100.0)
+    expected = (
+        load.client_in_flight_mean
+        if load.client_in_flight_mean is not None
+        else users * (1.0 - load.thinking_pct / 100.0)
+    )
     return (
         load.server_in_flight_mean is not None
         and load.min_in_flight_pct >= min_in_flight_pct

@@ -28,8 +28,12 @@ def console_line(
     if detail is not None and detail.frontend_bound and row.server_in_flight_mean is not None:
         # A true measurement of the server, bounded in front of the engine (seed 004 §10:
         # low utilisation with waiting requests, check for a CPU frontend bottleneck).
-        share = 100.0 * row.server_in_flight_mean / row.users
-        parts.append(f"FRONTEND-BOUND(engine held {share:.0f}% of N)")
+        load = detail.offered_load
+        sent = row.users
+        if load is not None and load.client_in_flight_mean:
+            sent = load.client_in_flight_mean  # users in think time sent nothing
+        share = 100.0 * row.server_in_flight_mean / sent
+        parts.append(f"FRONTEND-BOUND(engine held {share:.0f}% of the requests sent)")
     if detail is not None and detail.prefix_cache != "off":
         # Never silent: a warm cache makes prefill cheaper than the workload claims.
         parts.append(f"prefix_cache={detail.prefix_cache}:{_figure(row.prefix_cache_hit_pct, 0)}%")

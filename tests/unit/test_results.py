@@ -214,4 +214,4 @@ def test_the_console_says_how_the_window_met_the_prefix_cache() -> None:
 def test_the_console_marks_a_frontend_bound_window() -> None:
     line = console_line(make_row(8, server_in_flight_mean=5.0),
                         make_detail(8, frontend_bound=True), floor=15.0)  # fmt: skip
-    assert line.endswith(" FRONTEND-BOUND(engine held 62% of N) PASS")
+    assert line.endswith(" FRONTEND-BOUND(engine held 62% of the requests sent) PASS")

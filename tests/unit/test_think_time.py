@@ -61,15 +61,26 @@ def test_a_client_late_after_the_think_time_still_invalidates_the_window() -> No
 
 
 def test_users_in_think_time_do_not_make_a_window_frontend_bound() -> None:
-    """Four users each thinking half the window: the engine holds two, as it should."""
+    """Four users each thinking half the window: the engine holds what was sent at each
+    sample (four while they wait, none while they think), as it should; holding two
+    while all four wait is a frontend holding the rest back."""
     records = [
         paused(user, 99.0, [(101.0, 10), (105.0, 10)], think=5.0, finished=105.0)
         for user in range(4)
     ]
-    held = [MetricsSample(at, running_waiting(2, 0)) for at in (101.0, 104.0, 107.0)]
+    held = [
+        MetricsSample(at, running_waiting(n, 0)) for at, n in ((101.0, 4), (104.0, 4), (107.0, 0))
+    ]
     result = measure(records, 4, server_tokens=80, samples=held, min_in_flight_pct=97.0)
-    assert result.row.valid and result.detail.offered_load.thinking_pct == pytest.approx(50.0)
+    load = result.detail.offered_load
+    assert result.row.valid and load.thinking_pct == pytest.approx(50.0)
+    assert load.client_in_flight_mean == pytest.approx(8.0 / 3.0)
     assert not result.detail.frontend_bound
+    short = [
+        MetricsSample(at, running_waiting(n, 0)) for at, n in ((101.0, 2), (104.0, 2), (107.0, 0))
+    ]
+    bound = measure(records, 4, server_tokens=80, samples=short, min_in_flight_pct=97.0)
+    assert bound.row.valid and bound.detail.frontend_bound
 
 
 def test_the_slowest_users_interval_is_over_its_seconds_outside_think_time() -> None:
