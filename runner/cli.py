@@ -27,7 +27,6 @@ from runner.commandline import check_command_line
 from runner.compose import config_dir, to_plain
 from runner.config import build_config
 from runner.errors import RunnerError
-from runner.run.pipeline import execute
 from runner.secret import RedactingFilter, redact
 
 log = logging.getLogger("runner")
@@ -78,12 +77,18 @@ def app(cfg: DictConfig) -> Any:
     # one console line per window that users read.
     for noisy in ("httpx", "httpcore", "urllib3", "docker", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Font fallbacks of the report's figures are not the user's concern.
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
     redact_logs()
     console = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     shutdown.install()
     try:
         config = build_config(to_plain(cfg))
+        # Imported once the config is valid: the pipeline brings transformers and
+        # MLflow, seconds of imports a refused override should not wait for.
+        from runner.run.pipeline import execute
+
         job = HydraConfig.get().job.num if _in_multirun() else None
         summary = execute(config, console, job)
     except RunnerError as exc:

@@ -24,9 +24,14 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 
 def install() -> None:
-    """In a command's main thread: SIGTERM and SIGHUP unwind as KeyboardInterrupt does."""
+    """In a command's main thread: SIGTERM and SIGHUP unwind as KeyboardInterrupt does,
+    and so does SIGINT even where it was ignored: a process started in the background
+    by a non-interactive shell (``cmd &`` in a script, a CI job) inherits SIGINT ignored,
+    and Python then installs no KeyboardInterrupt for it, so ``kill -INT`` would do
+    nothing."""
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 _held: list[int] | None = None  # signals held back by the shield in force, if any

@@ -110,6 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s] %(message)s")
     for noisy in ("httpx", "httpcore", "urllib3", "docker", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Font fallbacks of the report's figures are not the user's concern.
+    logging.getLogger("matplotlib").setLevel(logging.ERROR)
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:

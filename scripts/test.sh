@@ -4,4 +4,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh --docker
-exec .venv/bin/python -m pytest -m "not gpu" "$@"
+exec .venv/bin/python -m pytest -m "not gpu" --durations=25 "$@"

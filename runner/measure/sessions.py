@@ -6,7 +6,7 @@ conversation's think time before turn k+1, whose prompt is turn k's prompt, the 
 IDs the engine streamed back for answer k (``return_token_ids``), and user turn k+1. So
 every prompt extends the one before it token for token, as a chat client's does, and a
 prefix cache can reuse all of it, the engine's own answer included. Every answer is
-forced to the workload's length (``ignore_eos`` with ``min_tokens``), so counts stay
+forced to the workload's length (``ignore_eos``), so counts stay
 exact whatever the engine answers.
 
 After the last turn, or after a request that failed or came back short (its history

@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import TemplateError
-from transformers import AutoTokenizer
 
 from runner.config import ContextMixWorkload
 from runner.errors import WorkloadError
@@ -66,6 +65,8 @@ FORMAT = "runner-workload/1"
 def load_tokenizer(model_dir: Path | str) -> Any:
     """The model's own tokenizer and chat template, from local files only."""
     try:
+        from transformers import AutoTokenizer  # seconds of imports, only when a run needs it
+
         return AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
     except (OSError, ValueError) as exc:
         raise WorkloadError(

@@ -22,6 +22,7 @@ import pytest
 from runner.config import RunConfig, build_config
 from runner.engines.base import EngineFault, process_fault
 from runner.engines.process import SERVER_MODULE, wait_ready
+from runner.measure.priority import raise_client_priority, restore_client_priority
 from runner.measure.protocol import run_window
 from runner.measure.reference import run_reference
 from runner.workload.context_mix import build_prompts, load_tokenizer
@@ -99,23 +100,39 @@ def agreement(engine, tokenizer_dir: Path) -> list[tuple[int, float, float, floa
     the engine's rate in vLLM client's run."""
     config = agreement_config(engine.served_name)
     prompts = build_prompts(load_tokenizer(tokenizer_dir), config.workload)
-    figures = []
-    for users in USERS:
-        window = run_window(
+    # As a run does (backend.client_priority=raised): the client's session group gets
+    # a larger CPU weight while it measures. vLLM's client, started from this session,
+    # gets the same.
+    priority = raise_client_priority()
+    try:
+        return [measure_both(engine, config, prompts, tokenizer_dir, users) for users in USERS]
+    finally:
+        restore_client_priority(priority)
+
+
+def measure_both(engine, config: RunConfig, prompts, tokenizer_dir: Path, users: int):
+    """runner, vLLM's client, runner again: the engine's pace on a shared 2-core machine
+    drifts by more than the tools differ (25% between two runs of one tool minutes
+    apart), so vLLM's client is compared with the mean of the runner windows either side."""
+
+    def window():
+        result = run_window(
             engine, config, prompts, users, config_id="agree", run_id="agree", phase="coarse"
         )
-        assert window.row.valid, window.detail.invalid_reasons
-        bench = run_reference(
-            engine.base_url, engine.served_name, str(tokenizer_dir), users,
-            input_len=INPUT_LEN, output_len=OUTPUT_LEN,
-        )  # fmt: skip
-        assert bench.completed == bench.num_prompts
-        figures.append(
-            (users, window.row.aggregate_output_tok_s, window.row.server_output_tok_s,
-             bench.output_tok_s, bench.server_output_tok_s)
-        )  # fmt: skip
-        wait_idle(engine.base_url, 120)
-    return figures
+        assert result.row.valid, result.detail.invalid_reasons
+        return result.row
+
+    before = window()
+    bench = run_reference(
+        engine.base_url, engine.served_name, str(tokenizer_dir), users,
+        input_len=INPUT_LEN, output_len=OUTPUT_LEN,
+    )  # fmt: skip
+    assert bench.completed == bench.num_prompts
+    wait_idle(engine.base_url, 120)
+    after = window()
+    return (users, (before.aggregate_output_tok_s + after.aggregate_output_tok_s) / 2,
+            (before.server_output_tok_s + after.server_output_tok_s) / 2,
+            bench.output_tok_s, bench.server_output_tok_s)  # fmt: skip
 
 
 def check(figures: list[tuple[int, float, float, float, float]]) -> None:
@@ -123,7 +140,14 @@ def check(figures: list[tuple[int, float, float, float, float]]) -> None:
         where = f"N={users}: {figures}"
         assert runner == pytest.approx(runner_server, rel=CLIENT_VS_SERVER), where
         assert bench == pytest.approx(bench_server, rel=CLIENT_VS_SERVER), where
-        assert runner_server == pytest.approx(bench_server, rel=RUNNER_VS_BENCH), where
+        if users == 1:
+            # One user keeps the engine latency-bound: vLLM's client sends text, which the
+            # API server tokenizes on the request's path, and spends more between requests;
+            # runner sends token IDs. It must never load the engine less than vLLM's client
+            # (docs/benchmarks.md, "Agreement with vLLM's own benchmark").
+            assert runner_server >= (1 - RUNNER_VS_BENCH) * bench_server, where
+        else:
+            assert runner_server == pytest.approx(bench_server, rel=RUNNER_VS_BENCH), where
 
 
 def test_runner_and_vllm_bench_agree_with_the_engine_in_runners_session(vllm_server) -> None:

@@ -48,7 +48,9 @@ def no_traceback(text: str) -> None:
     assert "Traceback" not in text, text[-3000:]
 
 
-@pytest.mark.parametrize("how", ["SIGTERM", "SIGHUP", "double SIGINT"])
+# SIGHUP takes SIGTERM's path (tests/unit/test_shutdown.py); a run in a container gets it
+# in tests/integration/test_docker_run.py.
+@pytest.mark.parametrize("how", ["SIGTERM", "double SIGINT"])
 def test_a_signal_mid_window_stops_the_local_engine_and_keeps_the_rows(
     how: str, tmp_path: Path, cache_dir: Path
 ) -> None:

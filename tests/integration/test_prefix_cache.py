@@ -57,9 +57,12 @@ def test_cold_windows_reuse_nothing_and_warm_windows_say_they_did(cached_server)
         assert result.detail.prefix_cache == "cold"
         assert result.row.prefix_cache_hit_pct is not None
         assert result.row.prefix_cache_hit_pct < 10.0, result.row
-    # The first warm window finds nothing unsalted yet; the second reuses its prompts.
+    # The first warm window finds nothing unsalted yet; the second sends the same prompts
+    # from the start, so those the first one sent are found (whole 128-token blocks, 86-91%
+    # of each). How many it sends beyond them depends on the machine's pace in each window,
+    # so the hit rate is only sure to be far above a cold window's.
     assert warm[1].detail.prefix_cache == "warm"
-    assert warm[1].row.prefix_cache_hit_pct > 50.0, warm[1].row
+    assert warm[1].row.prefix_cache_hit_pct > 20.0, warm[1].row
     assert "prefix_cache=warm:" in console_line(warm[1].row, warm[1].detail)
     assert all(result.row.valid for result in [*cold, *warm])
     wait_idle(cached_server.base_url, 120)

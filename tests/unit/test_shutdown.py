@@ -61,3 +61,21 @@ def test_without_a_signal_the_shield_changes_nothing() -> None:
     with shutdown.shielded():
         pass
     assert signal.getsignal(signal.SIGINT) is previous
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_sigterm_and_sighup_unwind_as_ctrl_c_does(signum: int) -> None:
+    """A scheduler's SIGTERM and a closed terminal's SIGHUP take the same path as Ctrl-C,
+    so the teardown the integration tests check for one signal holds for all three;
+    SIGINT does so even when the shell that started runner in the background had it
+    ignored."""
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `runner &` from a script inherits it
+    try:
+        shutdown.install()
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signum)
+            time.sleep(1)  # the handler runs at the next bytecode boundary
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
