@@ -89,7 +89,7 @@ def runner_window(url: str, users: int, priority: str, folder: Path) -> dict:
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
     row = json.loads((folder / "results.jsonl").read_text().splitlines()[-1])
-    detail = json.loads((folder / "windows_detail.jsonl").read_text().splitlines()[-1])
+    detail = json.loads((folder / "windows_detail.jsonl").read_text().splitlines()[-1])["detail"]
     manifest = json.loads((folder / "manifest.json").read_text())
     return {"row": row, "detail": detail, "priority": manifest.get("client_priority")}
 
