@@ -31,12 +31,11 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-
+from runner.engines.base import process_fault
 from runner.engines.process import SERVER_MODULE
+from runner.engines.process import wait_ready as ready_after
 from runner.measure.reference import run_reference
 from runner.prepare.generated import ensure_tiny_model
 
@@ -57,18 +56,13 @@ def start_engine(model: Path, port: int, own_session: bool, log: Path) -> subpro
                                 start_new_session=own_session)  # fmt: skip
 
 
-def wait_ready(url: str, engine: subprocess.Popen, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if engine.poll() is not None:
-            raise SystemExit(f"the engine exited with {engine.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise SystemExit("the engine did not become ready")
+def wait_ready(url: str, engine: subprocess.Popen, log: Path) -> None:
+    """runner's own readiness poll, failing at once if the engine exits first."""
+    ready_after(
+        url, 600,
+        lambda: None if engine.poll() is None else process_fault(engine.returncode),
+        lambda: "".join(log.read_text(errors="replace").splitlines(True)[-40:]),
+    )  # fmt: skip
 
 
 def stop(engine: subprocess.Popen, own_session: bool) -> None:
@@ -128,8 +122,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="runner-shared-host-") as scratch:
         for index, (where, own, priority) in enumerate(cases):
             if index == 0 or cases[index - 1][1] != own:
-                engine = start_engine(model, args.port, own, Path(scratch) / f"engine-{index}.log")
-                wait_ready(url, engine)
+                log = Path(scratch) / f"engine-{index}.log"
+                engine = start_engine(model, args.port, own, log)
+                wait_ready(url, engine, log)
             for users in args.users:
                 folder = Path(scratch) / f"run-{index}-{users}"
                 measured = runner_window(url, users, priority, folder)

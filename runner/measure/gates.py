@@ -162,16 +162,20 @@ def frontend_bound(load: OfferedLoad, users: int, min_in_flight_pct: float) -> b
     measurement of the server, so it stays valid; the row and report say so, and
     what to try (more API server processes: vLLM's ``--api-server-count``).
     """
-    expected = (
-        load.client_in_flight_mean
-        if load.client_in_flight_mean is not None
-        else users * (1.0 - load.thinking_pct / 100.0)
-    )
     return (
         load.server_in_flight_mean is not None
         and load.min_in_flight_pct >= min_in_flight_pct
-        and load.server_in_flight_mean < FRONTEND_BOUND_SHARE * expected
+        and load.server_in_flight_mean < FRONTEND_BOUND_SHARE * requests_sent(load, users)
     )
+
+
+def requests_sent(load: OfferedLoad, users: int) -> float:
+    """What the engine should hold on average: the client's own requests in flight at the
+    instants it was sampled, or, without them (older details), N less the users in think
+    time."""
+    if load.client_in_flight_mean is not None:
+        return load.client_in_flight_mean
+    return users * (1.0 - load.thinking_pct / 100.0)
 
 
 def judge(health: ClientHealth, max_loop_lag_ms: float) -> ClientHealth:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+from runner.measure.gates import requests_sent
 from runner.measure.result import WindowDetail, WindowRow
 
 
@@ -29,9 +30,7 @@ def console_line(
         # A true measurement of the server, bounded in front of the engine (seed 004 §10:
         # low utilisation with waiting requests, check for a CPU frontend bottleneck).
         load = detail.offered_load
-        sent = row.users
-        if load is not None and load.client_in_flight_mean:
-            sent = load.client_in_flight_mean  # users in think time sent nothing
+        sent = requests_sent(load, row.users) if load is not None else row.users
         share = 100.0 * row.server_in_flight_mean / sent
         parts.append(f"FRONTEND-BOUND(engine held {share:.0f}% of the requests sent)")
     if detail is not None and detail.prefix_cache != "off":
