@@ -15,12 +15,17 @@ where the engine runs in another session (``backend=external`` started elsewhere
 Docker container under dockerd's); a local engine (``backend=process``) shares
 runner's session and its weight, so nothing changes between the two. The previous
 value is restored when the run ends: the group is the terminal's session too.
+
+A session that never left the kernel's default group (a service or CI job whose
+ancestors never called ``setsid``) shows an empty ``/proc/self/autogroup``: its threads
+compete one by one in the root group, so the process's own nice value is the lever.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,18 +46,26 @@ class ClientPriority:
     previous: int | None = None
 
 
-def raise_client_priority(nice: int = CLIENT_NICE) -> ClientPriority:
+def autogroup_nice(text: str) -> int | None:
+    """The nice value in ``/proc/<pid>/autogroup`` ("/autogroup-114 nice 0"), or None
+    where the file is empty: the task is in the default group, not a session group."""
+    found = re.search(r"\bnice\s+(-?\d+)", text)
+    return int(found.group(1)) if found else None
+
+
+def raise_client_priority(nice: int = CLIENT_NICE, autogroup: Path = AUTOGROUP) -> ClientPriority:
     """Lower runner's autogroup (or process) nice value to ``nice`` where permitted."""
-    if AUTOGROUP.exists():
+    if not autogroup.exists():
+        reason = "this kernel has no autogroups"
+    elif (previous := autogroup_nice(autogroup.read_text())) is None:
+        reason = "runner's session is in the kernel's default group, not a session group"
+    else:
         try:
-            previous = int(AUTOGROUP.read_text().split()[-1])
-            AUTOGROUP.write_text(str(nice))
+            autogroup.write_text(str(nice))
             log.info("runner's session group now runs at nice %d", nice)
             return ClientPriority("autogroup", nice, "session group weight raised", previous)
         except OSError as exc:
             reason = f"the session group's nice value cannot be lowered ({exc.strerror})"
-    else:
-        reason = "this kernel has no autogroups"
     try:
         current = os.getpriority(os.PRIO_PROCESS, 0)
         if current > nice:
@@ -62,14 +75,16 @@ def raise_client_priority(nice: int = CLIENT_NICE) -> ClientPriority:
         )
     except OSError as exc:
         log.info("runner keeps its scheduling priority: %s", exc)
-        return ClientPriority("none", None, f"{reason}, nor the process's ({exc.strerror})")
+        return ClientPriority(
+            "none", None, f"{reason}; nor can the process's nice value be lowered ({exc.strerror})"
+        )
 
 
-def restore_client_priority(priority: ClientPriority) -> None:
+def restore_client_priority(priority: ClientPriority, autogroup: Path = AUTOGROUP) -> None:
     """Undo :func:`raise_client_priority` (the autogroup outlives runner otherwise)."""
     try:
         if priority.how == "autogroup" and priority.previous is not None:
-            AUTOGROUP.write_text(str(priority.previous))
+            autogroup.write_text(str(priority.previous))
         elif priority.how == "nice" and priority.previous is not None:
             os.setpriority(os.PRIO_PROCESS, 0, priority.previous)
     except OSError as exc:  # raising a nice value back is allowed; this is unexpected
