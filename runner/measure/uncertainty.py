@@ -151,11 +151,18 @@ def slowest_user_interval(
     rng = np.random.default_rng(seed)
     draws = np.asarray(means) + np.asarray(errors) * rng.standard_t(dof, (resamples, len(means)))
     low, high = np.percentile(draws.min(axis=1), [2.5, 97.5])
+    # No user's long-run rate is below the slowest one's, so the slowest user is never
+    # faster than the mean user: the reflection's upper end stops at the mean's. Where
+    # users are alike and their rates noisy (a few requests each), the reflection alone
+    # reached twice the window's figure and no window could show a count under a floor.
+    mean_high = float(np.mean(means)) + T975[dof] * math.sqrt(
+        float(np.sum(np.square(errors)))
+    ) / len(means)
     # The reflection can move the interval above the window's own figure when the
     # minimum read low; it is widened to hold that figure, so it never contradicts it.
     return Interval(
         max(0.0, min(estimate, 2 * estimate - float(high))),
-        max(estimate, 2 * estimate - float(low)),
+        max(estimate, min(2 * estimate - float(low), mean_high)),
     )
 
 

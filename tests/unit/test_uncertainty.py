@@ -88,3 +88,40 @@ def test_the_same_records_give_the_same_interval(simulated: list) -> None:
     first = slowest_user_interval(window.user_deltas, request_s=request_s(window), seed=3)
     again = slowest_user_interval(window.user_deltas, request_s=request_s(window), seed=3)
     assert first == again and first is not None
+
+
+def alike_users(rate: float, users: int, seconds: int, rng: np.random.Generator) -> list:
+    """Users of one length class on a CPU engine: 64-token requests streamed at ``rate``
+    tok/s after a prefill wait of about a second, each user from its own phase."""
+    per_user = []
+    for _ in range(users):
+        counts = np.zeros(seconds)
+        t = -rng.uniform(0, 64 / rate + 1)
+        while t < seconds:
+            t += rng.uniform(0.5, 1.5)  # waiting for its prefill
+            for _ in range(64):
+                t += rng.exponential(1 / rate)
+                if 0 <= t < seconds:
+                    counts[int(t)] += 1
+        per_user.append(counts.tolist())
+    return per_user
+
+
+def test_the_slowest_user_is_never_placed_above_the_mean_user() -> None:
+    """A 22 s window of 180 alike users holds 4-5 requests each: their rates are noisy,
+    and the minimum over them reads far below any one user's long-run rate. The
+    reflection of that spread alone put the interval's top near twice the figure
+    (a real default run: 16.6 tok/s, interval up to 34.1 with the mean user at 16.7), so
+    no window could show a count under the floor and the search walked down one user at
+    a time. The top now stops at the mean user's."""
+    rng = np.random.default_rng(7)
+    deltas = alike_users(14.0, 180, 22, rng)
+    interval = slowest_user_interval(deltas, request_s=3.5)
+    assert interval is not None
+    figure = min(sum(user) for user in deltas) / 22
+    mean_user = statistics.fmean(sum(user) for user in deltas) / 22
+    assert interval.low <= figure <= interval.high
+    assert interval.high <= mean_user * 1.05
+    # Every user streams at 14 tok/s, with prefill waits on top: the window can now say
+    # that this count misses a 15 tok/s floor, whole interval below it.
+    assert interval.high < 15.0
