@@ -90,6 +90,9 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
         yield Server(engine=engine, served_name="tiny", model_dir=tiny_model_dir)
 
 
+CACHED_NAME = "tiny-cached"
+
+
 @contextmanager
 def prefix_cached_engine(
     model_dir: Path, log_dir: Path, served_name: str, first_port: int
@@ -109,6 +112,17 @@ def prefix_cached_engine(
     engine = ProcessEngine(plan, log_dir=log_dir, startup_timeout_s=600)
     with engine:
         yield Server(engine=engine, served_name=served_name, model_dir=model_dir)
+
+
+@pytest.fixture(scope="session")
+def prefix_cached_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[Server]:
+    """One prefix-caching engine for the chat-session and prefix-cache tests: a cold
+    window salts its requests with a key of its own, so what one test cached is never a
+    hit for another."""
+    with prefix_cached_engine(
+        tiny_model_dir, tmp_path_factory.mktemp("cached"), CACHED_NAME, 8550
+    ) as server:
+        yield server
 
 
 def wait_idle(base_url: str, timeout_s: float) -> None:

@@ -16,6 +16,11 @@ import psutil
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Tests that start engines only to stop, kill or restart them skip vLLM's compiled warm-up
+# (10-25 s of each start on two cores); what they check does not depend on it.
+FAST_START = "engine.extra_args=[--enforce-eager]"
+
+
 def runner_command(work: Path, cache_dir: Path, run_id: str, *overrides: str) -> list[str]:
     """A short fixed search writing its results (and Hydra's files) to ``work/results``;
     ``overrides`` add to or replace these."""

@@ -37,6 +37,9 @@ USERS = (1, 8, 32)
 CLIENT_VS_SERVER = 0.05
 # The engine's output rate under runner's load against under vLLM's client, at equal N.
 RUNNER_VS_BENCH = 0.10
+# A window refused because the client ran late is measured again, at most this often.
+CLIENT_RETRIES = 3
+LATE_CLIENT = ("the client could not keep up", "offered load below")
 
 
 class OwnSession:
@@ -116,11 +119,20 @@ def measure_both(engine, config: RunConfig, prompts, tokenizer_dir: Path, users:
     apart), so vLLM's client is compared with the mean of the runner windows either side."""
 
     def window():
-        result = run_window(
-            engine, config, prompts, users, config_id="agree", run_id="agree", phase="coarse"
-        )
-        assert result.row.valid, result.detail.invalid_reasons
-        return result.row
+        # A window the client could not keep on time (other work on the two cores held
+        # its loop off) is refused by runner, as it should be; it is measured again, as a
+        # user reruns it. Any other reason, or three refusals in a row, fails the test.
+        reasons = []
+        for _ in range(CLIENT_RETRIES):
+            result = run_window(
+                engine, config, prompts, users, config_id="agree", run_id="agree", phase="coarse"
+            )
+            if result.row.valid:
+                return result.row
+            reasons.append(result.detail.invalid_reasons)
+            assert all(r.startswith(LATE_CLIENT) for r in result.detail.invalid_reasons), reasons
+            wait_idle(engine.base_url, 120)
+        raise AssertionError(f"{CLIENT_RETRIES} windows refused in a row: {reasons}")
 
     before = window()
     bench = run_reference(

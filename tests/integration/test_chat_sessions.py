@@ -5,7 +5,6 @@ and think time is not counted as idleness of the client."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from itertools import pairwise
 
 import httpx
@@ -21,19 +20,11 @@ from runner.workload.chat_sessions import build_sessions
 from runner.workload.context_mix import load_tokenizer
 from runner.workload.conversation import ChatSessions
 from tests.conftest import compose
-from tests.integration.conftest import TINY_CONTEXT, Server, prefix_cached_engine, wait_idle
+from tests.integration.conftest import CACHED_NAME, TINY_CONTEXT, Server, wait_idle
 
 pytestmark = pytest.mark.integration
 
 USERS = 4
-
-
-@pytest.fixture(scope="module")
-def chat_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
-    with prefix_cached_engine(
-        tiny_model_dir, tmp_path_factory.mktemp("chat"), "tiny-chat", 8650
-    ) as server:
-        yield server
 
 
 def chat_config(state: str) -> RunConfig:
@@ -45,7 +36,7 @@ def chat_config(state: str) -> RunConfig:
                 "workload.turns=4", "workload.conversations=8",
                 f"workload.prefix_cache={state}",
                 "search=fixed", "search.window_s=6", "search.warmup_s=2",
-                "model.served_name=tiny-chat",
+                f"model.served_name={CACHED_NAME}",
             ]
         )
     )  # fmt: skip
@@ -79,21 +70,21 @@ def window(
     return measurement, result, prompt_tokens_total(server) - before
 
 
-def test_chat_sessions_reuse_their_history_at_exact_counts(chat_server) -> None:
+def test_chat_sessions_reuse_their_history_at_exact_counts(prefix_cached_server) -> None:
     sessions = build_sessions(
-        load_tokenizer(chat_server.model_dir), chat_config("cold").workload, TINY_CONTEXT
+        load_tokenizer(prefix_cached_server.model_dir), chat_config("cold").workload, TINY_CONTEXT
     )
     # A single request of the last turn's frozen prompt is counted as the workload says.
     last = sessions[-1]
     answer = httpx.post(
-        f"{chat_server.base_url}/v1/completions",
-        json={"model": "tiny-chat", "prompt": last.token_ids, "max_tokens": 1},
+        f"{prefix_cached_server.base_url}/v1/completions",
+        json={"model": CACHED_NAME, "prompt": last.token_ids, "max_tokens": 1},
         timeout=60,
     ).json()
     assert answer["usage"]["prompt_tokens"] == last.prompt_tokens == sessions.prompt_tokens(4)
 
-    cold = window(chat_server, sessions, "cold")
-    warm = [window(chat_server, sessions, "warm") for _ in range(2)]
+    cold = window(prefix_cached_server, sessions, "cold")
+    warm = [window(prefix_cached_server, sessions, "warm") for _ in range(2)]
     for measurement, result, counted in [cold, *warm]:
         assert result.row.valid, result.detail.invalid_reasons
         # Think time is not idleness: every user was in flight outside its pauses.
@@ -118,4 +109,4 @@ def test_chat_sessions_reuse_their_history_at_exact_counts(chat_server) -> None:
     warm_hits = warm[1][1].row.prefix_cache_hit_pct
     assert warm[1][1].detail.prefix_cache == "warm"
     assert warm_hits is not None and warm_hits > cold_hits, warm[1][1].row
-    wait_idle(chat_server.base_url, 120)
+    wait_idle(prefix_cached_server.base_url, 120)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from runner.measure.result import WindowRow
-from tests.integration.runs import interrupt, start, wait_for_rows
+from tests.integration.runs import FAST_START, interrupt, start, wait_for_rows
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
@@ -44,7 +44,8 @@ def runner_command(work: Path, cache_dir: Path, run_id: str, users: str) -> list
         "search=fixed", f"search.users={users}", "search.window_s=8", "search.warmup_s=2",
         f"results.dir={work}/results", f"tracking.uri=sqlite:///{work}/mlflow.db",
         f"tracking.artifact_root={work}/artifacts", f"cache_dir={cache_dir}", f"run_id={run_id}",
-    ]
+        FAST_START,
+    ]  # fmt: skip
 
 
 def labelled(client, run_id: str) -> list:

@@ -21,6 +21,7 @@ from runner.errors import EngineStartError
 from runner.output.results import read_results
 from tests.integration.conftest import free_port, wait_idle
 from tests.integration.runs import (
+    FAST_START,
     engine_processes,
     external,
     gone_within,
@@ -61,7 +62,9 @@ def test_a_signal_mid_window_stops_the_local_engine_and_keeps_the_rows(
     run_id = f"signal-{how.replace(' ', '-')}"
     log = tmp_path / "runner.log"
     child = start(
-        runner_command(tmp_path, cache_dir, run_id, f"engine.port={port}", "search.window_s=20"),
+        runner_command(
+            tmp_path, cache_dir, run_id, f"engine.port={port}", "search.window_s=20", FAST_START
+        ),
         log,
     )
     try:
@@ -91,7 +94,9 @@ def test_sigkill_leaves_no_engine_and_the_same_command_completes_the_run(
     parent-death signal, and the resumed run ends with one row and one MLflow child per
     window."""
     port = free_port(8750)
-    command = runner_command(tmp_path, cache_dir, "sigkill-process", f"engine.port={port}")
+    command = runner_command(
+        tmp_path, cache_dir, "sigkill-process", f"engine.port={port}", FAST_START
+    )
     log = tmp_path / "first.log"
     child = start(command, log)
     try:
@@ -125,7 +130,7 @@ def test_an_engine_killed_mid_window_and_between_windows_is_relaunched(
     child = start(
         runner_command(
             tmp_path, cache_dir, "engine-killed", f"engine.port={port}", "search.users=[2,2,2]",
-            "search.warmup_s=8", "search.window_s=10", "backend.on_engine_fault=relaunch",
+            "search.warmup_s=8", "search.window_s=10", "backend.on_engine_fault=relaunch", FAST_START,
         ),
         log,
     )  # fmt: skip

@@ -17,7 +17,7 @@ import pytest
 
 from runner.prepare.generated import ARCHITECTURE
 from tests.integration.conftest import free_port
-from tests.integration.runs import run, runner_command
+from tests.integration.runs import FAST_START, run, runner_command
 
 VOCAB_SIZE = 6000
 
@@ -36,7 +36,7 @@ def generated_run(
     overrides = [
         "model=dummy", f"model.hf_config={hf_config}", "model.max_context=4096",
         "search.users=[2]", "search.window_s=4", "smoke.memory_repeats=2",
-        f"engine.port={free_port(8460)}",
+        f"engine.port={free_port(8460)}", FAST_START,
     ]  # fmt: skip
     done = run(runner_command(work, cache_dir, "generated-dummy", *overrides))
     return done, work, f"sqlite:///{work}/mlflow.db"

@@ -4,7 +4,6 @@ earlier window cached, a warm one reuses what it can, and each records its hit r
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 
 import pytest
 
@@ -13,17 +12,9 @@ from runner.measure.protocol import run_window
 from runner.output.console import console_line
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
-from tests.integration.conftest import Server, prefix_cached_engine, wait_idle
+from tests.integration.conftest import CACHED_NAME, wait_idle
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="module")
-def cached_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
-    with prefix_cached_engine(
-        tiny_model_dir, tmp_path_factory.mktemp("cached"), "tiny-cached", 8550
-    ) as server:
-        yield server
 
 
 def cache_config(state: str) -> RunConfig:
@@ -36,18 +27,20 @@ def cache_config(state: str) -> RunConfig:
                 "workload.max_tokens=64", "workload.prompts_per_bucket=64",
                 f"workload.prefix_cache={state}", "engine.enable_prefix_caching=true",
                 "search=fixed", "search.window_s=4", "search.warmup_s=1",
-                "model.served_name=tiny-cached",
+                f"model.served_name={CACHED_NAME}",
             ]
         )
     )  # fmt: skip
 
 
-def test_cold_windows_reuse_nothing_and_warm_windows_say_they_did(cached_server) -> None:
-    prompts = build_prompts(load_tokenizer(cached_server.model_dir), cache_config("cold").workload)
+def test_cold_windows_reuse_nothing_and_warm_windows_say_they_did(prefix_cached_server) -> None:
+    prompts = build_prompts(
+        load_tokenizer(prefix_cached_server.model_dir), cache_config("cold").workload
+    )
 
     def window(state: str):
         return run_window(
-            cached_server, cache_config(state), prompts, 2,
+            prefix_cached_server, cache_config(state), prompts, 2,
             config_id="cache", run_id="cache", phase="coarse",
         )  # fmt: skip
 
@@ -65,4 +58,4 @@ def test_cold_windows_reuse_nothing_and_warm_windows_say_they_did(cached_server)
     assert warm[1].row.prefix_cache_hit_pct > 20.0, warm[1].row
     assert "prefix_cache=warm:" in console_line(warm[1].row, warm[1].detail)
     assert all(result.row.valid for result in [*cold, *warm])
-    wait_idle(cached_server.base_url, 120)
+    wait_idle(prefix_cached_server.base_url, 120)

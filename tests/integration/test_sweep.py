@@ -15,6 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.engines.process import port_is_free
+from tests.integration.runs import FAST_START
 
 REPO = Path(__file__).resolve().parents[2]
 BATCHED_TOKENS = [2048, 4096]
@@ -51,6 +52,7 @@ def sweep(
             f"tracking.artifact_root={work}/artifacts",
             f"cache_dir={cache_dir}",
             f"engine.port={port}",
+            FAST_START,
         ],
         check=False,
         cwd=REPO,
