@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from runner.cli import check_command_line
 from runner.config import RunConfig, build_config, known_keys
 from runner.errors import ConfigError
+from runner.measure.uncertainty import BATCH_REQUESTS, MIN_BATCHES
 from runner.prepare.validate import validate
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -110,6 +111,18 @@ def test_gpu_profiles_measure_with_seed_004_windows_and_the_cpu_with_short_ones(
     # Short windows, screening for the doubling: the default run answers in minutes.
     assert cpu.window_s <= 30.0 and cpu.warmup_s <= 5.0 and cpu.confirm_repeats < gpu.confirm_repeats
     assert cpu.screening_window_s is not None and cpu.screening_window_s < cpu.window_s
+
+
+def test_the_cpu_defaults_full_windows_carry_intervals_at_the_floor() -> None:
+    """A window carries 95% intervals only with MIN_BATCHES batches of BATCH_REQUESTS
+    typical requests. At the floor a request of the default's answer length takes its
+    decode at 15 tok/s plus the prefill wait (0.2-0.7 s on 2 cores): 22 s windows held
+    three batches, so a real default run decided near the floor without intervals, in 11
+    full windows where the simulator had costed the search with them."""
+    config = compose_config()
+    request_s = config.workload.max_tokens / config.slo.min_user_tok_s + 0.7
+    batches = config.search.window_s // (BATCH_REQUESTS * request_s)
+    assert batches >= MIN_BATCHES
 
 
 def test_the_search_ceiling_follows_the_engines_max_num_seqs() -> None:
