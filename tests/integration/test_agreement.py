@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -98,9 +99,9 @@ def agreement_config(served_name: str) -> RunConfig:
     )  # fmt: skip
 
 
-def agreement(engine, tokenizer_dir: Path) -> list[tuple[int, float, float, float, float]]:
-    """Per N: runner's aggregate, the engine's rate in runner's window, vLLM client's rate,
-    the engine's rate in vLLM client's run."""
+def agreement(engine, tokenizer_dir: Path) -> list[Agreement]:
+    """Per N: what each tool counted, the engine's rate during its run, and each
+    client's CPU."""
     config = agreement_config(engine.served_name)
     prompts = build_prompts(load_tokenizer(tokenizer_dir), config.workload)
     # As a run does (backend.client_priority=raised): the client's session group gets
@@ -128,7 +129,7 @@ def measure_both(engine, config: RunConfig, prompts, tokenizer_dir: Path, users:
                 engine, config, prompts, users, config_id="agree", run_id="agree", phase="coarse"
             )
             if result.row.valid:
-                return result.row
+                return result
             reasons.append(result.detail.invalid_reasons)
             assert all(r.startswith(LATE_CLIENT) for r in result.detail.invalid_reasons), reasons
             wait_idle(engine.base_url, 120)
@@ -142,24 +143,47 @@ def measure_both(engine, config: RunConfig, prompts, tokenizer_dir: Path, users:
     assert bench.completed == bench.num_prompts
     wait_idle(engine.base_url, 120)
     after = window()
-    return (users, (before.aggregate_output_tok_s + after.aggregate_output_tok_s) / 2,
-            (before.server_output_tok_s + after.server_output_tok_s) / 2,
-            bench.output_tok_s, bench.server_output_tok_s)  # fmt: skip
+    runner_cpu = [r.detail.client.cpu_pct for r in (before, after) if r.detail.client]
+    return Agreement(
+        users,
+        runner=(before.row.aggregate_output_tok_s + after.row.aggregate_output_tok_s) / 2,
+        runner_server=(before.row.server_output_tok_s + after.row.server_output_tok_s) / 2,
+        bench=bench.output_tok_s,
+        bench_server=bench.server_output_tok_s,
+        runner_cpu_pct=max((c for c in runner_cpu if c is not None), default=0.0),
+        bench_cpu_pct=bench.client_cpu_pct,
+    )
 
 
-def check(figures: list[tuple[int, float, float, float, float]]) -> None:
-    for users, runner, runner_server, bench, bench_server in figures:
-        where = f"N={users}: {figures}"
-        assert runner == pytest.approx(runner_server, rel=CLIENT_VS_SERVER), where
-        assert bench == pytest.approx(bench_server, rel=CLIENT_VS_SERVER), where
-        if users == 1:
-            # One user keeps the engine latency-bound: vLLM's client sends text, which the
-            # API server tokenizes on the request's path, and spends more between requests;
-            # runner sends token IDs. It must never load the engine less than vLLM's client
+@dataclass(frozen=True)
+class Agreement:
+    """One N: each tool's own count and the engine's rate during its run, and the CPU
+    each client spent (of one core)."""
+
+    users: int
+    runner: float
+    runner_server: float
+    bench: float
+    bench_server: float
+    runner_cpu_pct: float
+    bench_cpu_pct: float
+
+
+def check(figures: list[Agreement]) -> None:
+    for seen in figures:
+        where = f"N={seen.users}: {figures}"
+        # Each tool counts what the engine produced while it ran.
+        assert seen.runner == pytest.approx(seen.runner_server, rel=CLIENT_VS_SERVER), where
+        assert seen.bench == pytest.approx(seen.bench_server, rel=CLIENT_VS_SERVER), where
+        # runner never loads the engine less than vLLM's client does at the same N.
+        assert seen.runner_server >= (1 - RUNNER_VS_BENCH) * seen.bench_server, where
+        if seen.runner_server > (1 + RUNNER_VS_BENCH) * seen.bench_server:
+            # It may load it more: on two cores the CPU a client spends is taken from
+            # the engine. vLLM's client sends text the API server tokenizes and parses
+            # every event in Python; runner sends token IDs. A gap this side is the
+            # clients' CPU, never a runner that measured load it did not offer
             # (docs/benchmarks.md, "Agreement with vLLM's own benchmark").
-            assert runner_server >= (1 - RUNNER_VS_BENCH) * bench_server, where
-        else:
-            assert runner_server == pytest.approx(bench_server, rel=RUNNER_VS_BENCH), where
+            assert seen.bench_cpu_pct > seen.runner_cpu_pct, where
 
 
 def test_runner_and_vllm_bench_agree_with_the_engine_in_runners_session(vllm_server) -> None:
