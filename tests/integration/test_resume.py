@@ -16,7 +16,9 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from runner.measure.metrics import parse_metrics
-from runner.search.policy import Observation, SearchParams, decide
+from runner.output.results import read_results
+from runner.search.history import search_history
+from runner.search.policy import SearchParams, decide
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_ID = "resume-sigkill"
@@ -115,16 +117,9 @@ def test_a_killed_run_resumes_at_the_interrupted_window(
     assert [r for r in run_folders(results_root) if read_rows(r)] == [folder]
 
     params = SearchParams(kind="fixed", users=tuple(USERS), floor_tok_s=15.0)
-    history = [
-        Observation(
-            row["users"],
-            row["aggregate_output_tok_s"],
-            row["min_user_tok_s"],
-            row["valid"],
-            "coarse",
-        )
-        for row in after
-    ]
+    # The windows as the search reads them, intervals included: a draw between two
+    # counts is their intervals overlapping, not the 2% rule of rows without them.
+    history = search_history(read_results(folder), relaunch=False)
     reference = decide(history, params)
     summary = json.loads((folder / "manifest.json").read_text())["summary"]
     assert summary["windows"] == len(USERS)
