@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -93,36 +92,25 @@ def vllm_server(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) 
 CACHED_NAME = "tiny-cached"
 
 
-@contextmanager
-def prefix_cached_engine(
-    model_dir: Path, log_dir: Path, served_name: str, first_port: int
-) -> Iterator[Server]:
-    """A real vLLM with automatic prefix caching on (blocks of 128 tokens on the CPU)."""
-    port = free_port(first_port)
+@pytest.fixture(scope="session")
+def prefix_cached_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[Server]:
+    """A real vLLM with automatic prefix caching on (blocks of 128 tokens on the CPU),
+    shared by the chat-session and prefix-cache tests: a cold window salts its requests
+    with a key of its own, so what one test cached is never a hit for another."""
+    port = free_port(8550)
     plan = LaunchPlan(
         image=None,
         argv=[
-            "--model", str(model_dir), "--served-model-name", served_name,
+            "--model", str(tiny_model_dir), "--served-model-name", CACHED_NAME,
             "--load-format", "dummy", "--kv-cache-memory-bytes", str(1 << 30),
             "--max-model-len", str(TINY_CONTEXT), "--max-num-seqs", "16",
             "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
         ],
         port=port,
     )  # fmt: skip
-    engine = ProcessEngine(plan, log_dir=log_dir, startup_timeout_s=600)
+    engine = ProcessEngine(plan, log_dir=tmp_path_factory.mktemp("cached"), startup_timeout_s=600)
     with engine:
-        yield Server(engine=engine, served_name=served_name, model_dir=model_dir)
-
-
-@pytest.fixture(scope="session")
-def prefix_cached_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[Server]:
-    """One prefix-caching engine for the chat-session and prefix-cache tests: a cold
-    window salts its requests with a key of its own, so what one test cached is never a
-    hit for another."""
-    with prefix_cached_engine(
-        tiny_model_dir, tmp_path_factory.mktemp("cached"), CACHED_NAME, 8550
-    ) as server:
-        yield server
+        yield Server(engine=engine, served_name=CACHED_NAME, model_dir=tiny_model_dir)
 
 
 def wait_idle(base_url: str, timeout_s: float) -> None:
