@@ -108,6 +108,7 @@ class ClientHealthProbe:
             # The smaller reading: a connection lost at either end is a shortfall.
             open_connections=min(self._connections) if self._connections else None,
             users=self._users,
+            loop_lag_mean_ms=float(lags.mean() * 1000.0) if lags.size else None,
         )
 
     def _count_connections(self) -> None:

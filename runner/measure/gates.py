@@ -20,7 +20,7 @@ Such a window keeps its row, with ``valid=false`` and the reason.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -178,31 +178,57 @@ def requests_sent(load: OfferedLoad, users: int) -> float:
     return users * (1.0 - load.thinking_pct / 100.0)
 
 
-def judge(health: ClientHealth, max_loop_lag_ms: float) -> ClientHealth:
+def judge(
+    health: ClientHealth,
+    max_loop_lag_ms: float,
+    *,
+    request_s: float | None = None,
+    min_in_flight_pct: float | None = None,
+) -> ClientHealth:
     """``health`` with ``kept_up`` and the reasons it did not, if any.
 
     A lagging loop invalidates the window whatever the client's own CPU: an idle
     client held off the CPU by the engine stamps as late as a busy one.
+
+    A loop that reads each completion late also idles its user for that long, and the
+    in-flight share cannot see it: the client's clock for a request stops at the late
+    read. So with ``request_s`` (the median request's duration) and
+    ``min_in_flight_pct``, the loop's mean lag may take no more of a request than the
+    offered-load gate lets a user idle. At 150 ms requests that is 4.5 ms, well under
+    a token gap at the floor: a client 25 ms late at one user made the engine see the
+    request 85% of the time.
     """
     reasons = []
+    cpu = f" (client at {health.cpu_pct:.0f}% CPU)" if health.cpu_pct is not None else ""
     if health.loop_lag_p99_ms is not None and health.loop_lag_p99_ms > max_loop_lag_ms:
-        cpu = f" (client at {health.cpu_pct:.0f}% CPU)" if health.cpu_pct is not None else ""
         reasons.append(
             f"the client could not keep up: event-loop lag p99 {health.loop_lag_p99_ms:.1f} ms "
             f"> {max_loop_lag_ms:g} ms{cpu}, so chunk timestamps "
             "and dispatches ran late"
+        )
+    idle_pct = lag_idle_pct(health, request_s)
+    if (
+        idle_pct is not None
+        and min_in_flight_pct is not None
+        and idle_pct > 100.0 - min_in_flight_pct
+    ):
+        reasons.append(
+            f"offered load below N={health.users}: the client read each completion "
+            f"{health.loop_lag_mean_ms:.1f} ms late on average{cpu}, {idle_pct:.1f}% of the "
+            f"median request ({1000.0 * request_s:.0f} ms), so each user sat idle longer "
+            f"than the {100.0 - min_in_flight_pct:g}% the in-flight gate allows"  # type: ignore[operator]
         )
     if health.open_connections is not None and health.open_connections < health.users:
         reasons.append(
             f"the client could not keep up: {health.open_connections} open connection(s) "
             f"to the engine for {health.users} users"
         )
-    return ClientHealth(
-        loop_lag_p99_ms=health.loop_lag_p99_ms,
-        loop_lag_max_ms=health.loop_lag_max_ms,
-        cpu_pct=health.cpu_pct,
-        open_connections=health.open_connections,
-        users=health.users,
-        kept_up=not reasons,
-        reasons=tuple(reasons),
-    )
+    return replace(health, kept_up=not reasons, reasons=tuple(reasons))
+
+
+def lag_idle_pct(health: ClientHealth, request_s: float | None) -> float | None:
+    """The share of each request cycle a user sat idle because the loop read its
+    completion late: the mean lag over the median request's duration."""
+    if health.loop_lag_mean_ms is None or not request_s or request_s <= 0:
+        return None
+    return 100.0 * health.loop_lag_mean_ms / 1000.0 / request_s

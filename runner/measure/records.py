@@ -142,6 +142,8 @@ class ClientHealth:
     users: int
     kept_up: bool = True
     reasons: tuple[str, ...] = ()
+    # The loop's mean lag: how late, on average, an event was read after it arrived.
+    loop_lag_mean_ms: float | None = None
 
 
 

@@ -187,8 +187,11 @@ def summarize_window(
     if m.engine_fault is not None:
         invalid.append(f"engine fault: {m.engine_fault.reason}")
     client = m.client
+    request_s = float(np.median(latency)) if latency else span_s
     if client is not None and max_loop_lag_ms is not None:
-        client = judge(client, max_loop_lag_ms)
+        client = judge(
+            client, max_loop_lag_ms, request_s=request_s, min_in_flight_pct=min_in_flight_pct
+        )
         invalid.extend(client.reasons)
     if m.cold_users:
         invalid.append(
@@ -197,7 +200,6 @@ def summarize_window(
             "ramp of the first requests; raise search.drain_timeout_s or lower the users"
         )
     load = offered_load(m.records, m.users, m.t0, m.t1, m.samples)
-    request_s = float(np.median(latency)) if latency else span_s
     if min_in_flight_pct is not None:
         invalid.extend(offered_load_reasons(load, m.users, min_in_flight_pct))
 

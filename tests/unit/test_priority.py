@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runner.measure.priority import AUTOGROUP, autogroup_nice
+from runner.measure.priority import AUTOGROUP, CLIENT_NICE, autogroup_nice
 
 REPO = Path(__file__).resolve().parents[2]
 CODE = """
@@ -50,7 +50,7 @@ def test_the_session_group_weight_is_raised_and_given_back() -> None:
     )  # fmt: skip
     how, before, during, after = done.stdout.split()
     if how == "autogroup":
-        assert (before, during, after) == ("0", "-10", "0")
+        assert (before, during, after) == ("0", str(CLIENT_NICE), "0")
     else:  # no privilege here: nothing changed, and the run says why
         assert how in ("nice", "none") and before == during == after
 
@@ -72,6 +72,6 @@ def test_in_the_default_group_the_process_nice_value_is_lowered_and_restored(
     assert left == "''"  # the file stands for the kernel's: never written
     assert after == before
     if how == "nice":
-        assert int(during) == min(int(before), -10)
+        assert int(during) == min(int(before), CLIENT_NICE)
     else:  # no privilege to lower it: nothing changed, and the reason says so
         assert how == "none" and during == before and "nor can" in reason
