@@ -24,6 +24,9 @@ TINY_CONTEXT = 4096
 # --gpu-memory-utilization 0.1 is a share of NUMA node 0, which on these VMs starts
 # small and grows, so it fails on a fresh machine (ENVIRONMENT.md, pitfalls).
 KV_CACHE_ARGS = ["--kv-cache-memory-bytes", str(2**30)]
+# Engines whose tests do not measure throughput skip vLLM's compiled warm-up (10-25 s of
+# each start on two cores); what they check does not depend on it.
+EAGER = ["--enforce-eager"]
 
 
 def free_port(start: int) -> int:
@@ -105,6 +108,7 @@ def prefix_cached_server(tiny_model_dir: Path, tmp_path_factory) -> Iterator[Ser
             "--load-format", "dummy", "--kv-cache-memory-bytes", str(1 << 30),
             "--max-model-len", str(TINY_CONTEXT), "--max-num-seqs", "16",
             "--enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port),
+            *EAGER,
         ],
         port=port,
     )  # fmt: skip

@@ -27,7 +27,14 @@ from runner.measure.transport import Endpoint, StreamConnection
 from runner.output.console import console_line
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
-from tests.integration.conftest import KV_CACHE_ARGS, TINY_CONTEXT, Server, free_port, wait_idle
+from tests.integration.conftest import (
+    EAGER,
+    KV_CACHE_ARGS,
+    TINY_CONTEXT,
+    Server,
+    free_port,
+    wait_idle,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -134,6 +141,7 @@ def lumped_server(tiny_model_dir, tmp_path_factory) -> Iterator[Server]:
             "--max-model-len", str(TINY_CONTEXT),
             "--max-num-seqs", "16",
             "--stream-interval", str(STREAM_INTERVAL),
+            *EAGER,
             "--no-enable-prefix-caching",
             "--host", "127.0.0.1",
             "--port", str(port),

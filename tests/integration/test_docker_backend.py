@@ -23,7 +23,7 @@ from runner.prepare.flags import check_flags, image_present, local_supported_fla
 from runner.prepare.launch import build_launch_plan
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
-from tests.integration.conftest import KV_CACHE_ARGS
+from tests.integration.conftest import EAGER, KV_CACHE_ARGS
 
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
 TINY_CONTEXT = 4096
@@ -186,6 +186,7 @@ def test_engine_serves_then_a_killed_container_is_a_fault_and_nothing_is_left(
             "--max-model-len", str(TINY_CONTEXT),
             "--host", "0.0.0.0",
             "--port", "8000",
+            *EAGER,
         ],
         env={"HF_HUB_OFFLINE": "1"},
         mounts=[(str(tiny_model_dir), "/models/tiny", "ro")],

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from runner.measure.result import WindowRow
+from tests.integration.runs import FAST_START
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,7 +52,7 @@ def fixed_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tupl
         "search=fixed", "search.users=[4,8]", "search.window_s=6", "search.warmup_s=2",
         f"results.dir={work}/results", f"tracking.uri={uri}",
         f"tracking.artifact_root={work}/artifacts", f"cache_dir={cache_dir}",
-        "run_id=e2e-fixed", f"engine.port={ENGINE_PORT}",
+        "run_id=e2e-fixed", f"engine.port={ENGINE_PORT}", FAST_START,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", HF_TOKEN=PLANTED, VLLM_API_KEY=PLANTED)
     with (work / "stdout").open("w") as out, (work / "stderr").open("w") as err:

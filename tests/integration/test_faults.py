@@ -63,13 +63,13 @@ def test_a_signal_mid_window_stops_the_local_engine_and_keeps_the_rows(
     log = tmp_path / "runner.log"
     child = start(
         runner_command(
-            tmp_path, cache_dir, run_id, f"engine.port={port}", "search.window_s=20", FAST_START
+            tmp_path, cache_dir, run_id, f"engine.port={port}", "search.window_s=10", FAST_START
         ),
         log,
     )
     try:
         wait_for_rows(tmp_path / "results", 1, child, log)
-        time.sleep(3)  # inside the second window: 1 s warm-up, then 20 s measured
+        time.sleep(3)  # inside the second window: 1 s warm-up, then 10 s measured
         interrupt(child, how)
     finally:
         if child.poll() is None:

@@ -16,7 +16,7 @@ from runner.smoke import SEED003, SEED004, run_smoke
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from runner.workload.prompt import Prompt
 from tests.conftest import compose
-from tests.integration.conftest import KV_CACHE_ARGS, TINY_CONTEXT, free_port
+from tests.integration.conftest import EAGER, KV_CACHE_ARGS, TINY_CONTEXT, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -216,6 +216,7 @@ def test_a_second_engine_started_with_an_api_key_enforces_it(
             "--max-num-seqs",
             "8",
             "--no-enable-prefix-caching",
+            *EAGER,
             "--host",
             "127.0.0.1",
             "--port",
