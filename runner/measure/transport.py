@@ -23,6 +23,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from runner import shutdown
 from runner.measure.records import RequestRecord
 
 T = TypeVar("T")
@@ -36,13 +37,15 @@ _SIZE_LINE, _CHUNK_END, _TRAILER = 0, -1, -2
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop when available: its loop costs less per read."""
+    """``asyncio.run`` on uvloop when available: its loop costs less per read. A signal
+    that ends runner cancels the coroutine and is raised once it has unwound
+    (:func:`runner.shutdown.interruptible`), never inside a read callback."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(coro)
+        return asyncio.run(shutdown.interruptible(coro))
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
+        return runner.run(shutdown.interruptible(coro))
 
 
 def supports(base_url: str) -> bool:
