@@ -50,10 +50,14 @@ def run_window(
     run_id: str,
     phase: str,
     window_s: float | None = None,
+    screening: bool = False,
     telemetry=None,
     api_key: str | None = None,
 ) -> WindowResult:
     """Measure ``users`` concurrent users for one window; the engine is idle afterwards.
+
+    ``screening`` records the window as a short screening window (its length is
+    ``window_s``), which the search never counts as a full one.
 
     ``prompts`` is the frozen workload; :class:`ChatSessions` makes the users hold
     conversations with think time (:mod:`runner.measure.sessions`).
@@ -71,6 +75,7 @@ def run_window(
         run_id=run_id,
         config_id=config_id,
         phase=phase,
+        screening=screening,
         audit_tolerance_pct=config.slo.audit_tolerance_pct,
         max_loop_lag_ms=config.slo.max_loop_lag_ms,
         min_in_flight_pct=config.slo.min_in_flight_pct,

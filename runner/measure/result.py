@@ -126,6 +126,9 @@ class WindowDetail:
     cancelled_at_drain: int = 0
     failed_metric_reads: int = 0
     boundary_read_ms: list[float] = field(default_factory=list)
+    # A short screening window (search.screening_window_s): the search steers by it
+    # and never counts it as a full window.
+    screening: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

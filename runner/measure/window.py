@@ -114,6 +114,7 @@ def summarize_window(
     config_id: str,
     phase: str,
     audit_tolerance_pct: float,
+    screening: bool = False,
     max_loop_lag_ms: float | None = None,
     min_in_flight_pct: float | None = None,
     prefix_cache: str = "off",
@@ -234,6 +235,7 @@ def summarize_window(
     bucket_totals = list(dict.fromkeys(m.user_buckets))  # workload order
     detail = WindowDetail(
         phase=phase,
+        screening=screening,
         user_tok_s=user_tok_s,
         user_bucket=list(m.user_buckets),
         buckets=[

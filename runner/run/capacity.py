@@ -151,6 +151,7 @@ class CapacitySearch:
                     run_id=context.run_id,
                     phase=step.phase,
                     window_s=config.search.screening_window_s if step.screening else None,
+                    screening=step.screening,
                     telemetry=telemetry,
                     api_key=api_key,
                 )

@@ -26,6 +26,7 @@ def observation(row: WindowRow, detail: WindowDetail) -> Observation:
         request_latency_p99_ms=row.request_latency_p99_ms,
         aggregate_ci=detail.aggregate_ci,
         min_user_ci=detail.min_user_ci,
+        screening=detail.screening,
     )
 
 

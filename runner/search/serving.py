@@ -155,6 +155,7 @@ class ServingCurve:
             request_latency_p99_ms=truth.request_latency_p99_ms,
             aggregate_ci=Interval.around(aggregate * noise[0], spread),
             min_user_ci=Interval.around(slowest * noise[1], spread),
+            screening=screening,
         )
 
 

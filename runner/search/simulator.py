@@ -77,8 +77,8 @@ class Curve:
         rng: np.random.Generator,
         screening: bool = False,
     ) -> Observation:
-        """One noisy window; its noise grows as the window shortens (``screening`` is
-        implied by the length here)."""
+        """One noisy window; its noise grows as the window shortens (``screening``
+        only marks the window as one)."""
         if self.oom_users is not None and users >= self.oom_users:
             return Observation(users, 0.0, 0.0, valid=False, phase=phase, oom=True)
         spread = self.noise_pct / 100 * math.sqrt(REFERENCE_WINDOW_S / window_s)
@@ -93,6 +93,7 @@ class Curve:
             phase=phase,
             aggregate_ci=Interval.around(aggregate, spread),
             min_user_ci=Interval.around(slowest, spread),
+            screening=screening,
         )
 
 

@@ -134,8 +134,9 @@ def _refine_step(view: View) -> Step | None:
     peak, at_edge = provisional_best(view) or (lo, True)
     if peak not in points:
         return None
-    if not points[peak].full and not view.statistical:
-        # A screening window is too noisy to steer the peak search on its own.
+    if not points[peak].full and (not view.statistical or points[peak].aggregate.interval is None):
+        # A screening window is too noisy to steer the peak search on its own, unless
+        # its interval says how noisy.
         return Step(peak, "refine", screening=False)
     if not at_edge:
         probe = peak_probe(points, peak, params, view.statistical)

@@ -34,7 +34,9 @@ class Observation:
     window's request percentiles (None: not measured, e.g. rows written before runner
     recorded them); the intervals are 95% intervals of the aggregate and of the
     slowest user's rate (None: not known, and the search falls back to fixed
-    tolerances and to "every window meets the floor").
+    tolerances and to "every window meets the floor"). ``screening`` marks a short
+    screening window (``search.screening_window_s``), in any phase: it steers the
+    search but never counts as a full window.
     """
 
     users: int
@@ -49,6 +51,7 @@ class Observation:
     request_latency_p99_ms: float | None = None
     aggregate_ci: Interval | None = None
     min_user_ci: Interval | None = None
+    screening: bool = False
 
     def value(self, metric: Metric) -> float | None:
         value: float | None = getattr(self, metric)

@@ -80,7 +80,9 @@ class View:
         return all(self.passes(obs, coarse) for obs in windows)
 
     def is_full(self, obs: Observation) -> bool:
-        return obs.phase != "coarse" or not self.params.screening
+        """A full-length window. Rows written before windows recorded ``screening``
+        say it by their phase: then only the doubling screened."""
+        return not obs.screening and (obs.phase != "coarse" or not self.params.screening)
 
     # -- groups -----------------------------------------------------------------------
     @cached_property

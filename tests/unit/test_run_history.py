@@ -74,6 +74,21 @@ def test_the_fault_survives_the_results_file(tmp_path: Path) -> None:
     assert search_history([read], relaunch=True)[0].oom
 
 
+def test_a_screening_window_stays_one_in_the_results_file(tmp_path: Path) -> None:
+    """A resumed run must not take a short screening window for a full one; rows
+    written before windows recorded it read as full, their phase telling the rest."""
+    screened = window(7)
+    screened = dataclasses.replace(
+        screened, detail=dataclasses.replace(screened.detail, screening=True)
+    )
+    ResultsWriter(tmp_path).append(screened)
+    ResultsWriter(tmp_path).append(window(14))
+    seen = search_history(read_results(tmp_path), relaunch=False)
+    assert [obs.screening for obs in seen] == [True, False]
+    line = json.loads((tmp_path / "windows_detail.jsonl").read_text().splitlines()[0])
+    assert line["detail"]["screening"] is True
+
+
 def context_in(folder: Path, config_id: str) -> RunContext:
     config = build_config(compose())
     return RunContext(config, config_id=config_id, family="bf16", run_id="r", results_dir=folder)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import re
 
 from runner.search.params import SearchParams
-from runner.search.policy import decide
+from runner.search.policy import decide, next_step
 from runner.search.serving import draw_serving_curve
 from runner.search.simulator import draw_curve, run_policy
-from runner.search.types import Interval, Observation
+from runner.search.types import Interval, Observation, Step
+from runner.search.view import View
 
 SCREENED = SearchParams(screening=True)
 
@@ -116,3 +117,53 @@ def test_serving_curves_are_answered_close_to_their_best() -> None:
     assert within_5 >= 279, within_5
     assert within_3 >= 255, within_3
     assert windows / 300 < 14.2
+
+
+def real(users: int, phase: str, aggregate: tuple[float, float, float] | None,
+         rate: tuple[float, float, float] | None, screening: bool = False) -> Observation:
+    """A window of the CPU default run: (figure, 95% low, 95% high) or, for a window
+    too short to carry intervals, (figure,) alone."""
+    assert aggregate is not None and rate is not None
+    return Observation(
+        users, aggregate[0], rate[0], valid=True, phase=phase, screening=screening,
+        aggregate_ci=Interval(*aggregate[1:]) if len(aggregate) == 3 else None,
+        min_user_ci=Interval(*rate[1:]) if len(rate) == 3 else None,
+    )  # fmt: skip
+
+
+# The CPU default run (`python -m runner`, fresh clone, 2 cores): six 6 s screening
+# windows doubling from 7 users, then 30 s windows near the floor.
+DEFAULT_RUN = [
+    real(7, "coarse", (1948.9, 1797.9, 2099.9), (278.4, 278.4, 286.0), True),
+    real(14, "coarse", (2026.7, 1836.7, 2216.8), (144.7, 144.7, 148.4), True),
+    real(28, "coarse", (2747.1, 2406.4, 3087.8), (97.9, 97.9, 100.1), True),
+    real(56, "coarse", (2694.4,), (47.8,), True),
+    real(112, "coarse", (3010.0,), (26.8,), True),
+    real(224, "coarse", (3168.5,), (13.6,), True),
+    real(196, "refine", (3103.4, 2888.1, 3318.6), (15.73, 15.73, 15.90)),
+    real(204, "refine", (2984.7, 2863.2, 3106.1), (14.56, 14.56, 14.68)),
+    real(200, "refine", (3027.3, 2705.6, 3349.0), (14.99, 14.99, 15.25)),
+    real(199, "refine", (3124.4, 2902.9, 3345.8), (15.56, 15.56, 15.79)),
+    real(199, "confirm", (3138.3, 3021.7, 3254.8), (15.63, 15.63, 15.82)),
+]
+
+
+def test_a_screening_window_below_the_boundary_is_never_counted_as_a_full_one() -> None:
+    """Below a settled boundary the search screens the next count down for one that
+    beats it. In the CPU default run that 6 s window at 198 users read 3,455 tok/s
+    and carried no intervals (too short at the floor); counted as a full window it
+    took the intervals away from the whole decision, confirmed 198 users with one
+    30 s window, and the answer's aggregate averaged the 6 s window in (3,376 tok/s).
+    It steers the search only: 198 users get their own full window, and the answer
+    rests on full windows read with their intervals."""
+    params = SearchParams(start_users=7, max_users=256, confirm_repeats=2, screening=True)
+    assert next_step(DEFAULT_RUN, params) == Step(198, "refine", screening=True)
+    screened = [*DEFAULT_RUN, real(198, "refine", (3455.5,), (16.98,), True)]
+    view = View(screened, params, params.default)
+    assert view.statistical
+    assert 198 not in view.full_windows
+    assert next_step(screened, params) == Step(198, "refine", screening=False)
+    full = real(198, "confirm", (3296.5, 3037.9, 3555.0), (16.52, 16.52, 16.74))
+    decision = decide([*screened, full], params)
+    assert "one-sided 95%" in decision.reason  # read with intervals
+    assert decision.median_aggregate_tok_s in ((3124.4 + 3138.3) / 2, 3296.5)
