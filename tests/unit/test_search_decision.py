@@ -119,11 +119,15 @@ def test_serving_curves_are_answered_close_to_their_best() -> None:
     assert windows / 300 < 14.2
 
 
-def real(users: int, phase: str, aggregate: tuple[float, float, float] | None,
-         rate: tuple[float, float, float] | None, screening: bool = False) -> Observation:
+def real(
+    users: int,
+    phase: str,
+    aggregate: tuple[float, ...],
+    rate: tuple[float, ...],
+    screening: bool = False,
+) -> Observation:
     """A window of the CPU default run: (figure, 95% low, 95% high) or, for a window
     too short to carry intervals, (figure,) alone."""
-    assert aggregate is not None and rate is not None
     return Observation(
         users, aggregate[0], rate[0], valid=True, phase=phase, screening=screening,
         aggregate_ci=Interval(*aggregate[1:]) if len(aggregate) == 3 else None,
