@@ -220,7 +220,7 @@ def _confirm_step(view: View) -> Step | None:
     else:
         trio = (best, best - 1, best + 1)
     for users in trio:
-        upper = min(params.max_users, view.ceiling) if view.statistical else params.max_users
+        upper = min(params.max_users, view.ceiling)
         if not 1 <= users <= (params.max_users if users == best else upper):
             continue
         point = points.get(users)

@@ -91,15 +91,22 @@ class View:
 
     @cached_property
     def statistical(self) -> bool:
-        """Every full window carries a slowest-user interval: decide on evidence, not
-        on every single window."""
+        """The full windows this objective rests on carry slowest-user intervals:
+        decide on evidence, not on every single window."""
         return self._has_intervals("min_user_tok_s")
 
     def _has_intervals(self, metric: Metric) -> bool:
-        """Every full window carries an interval for ``metric``."""
-        return has_intervals(
-            (obs for windows in self.full_windows.values() for obs in windows), metric
-        )
+        """Every full window that meets this objective's constraints outright carries
+        an interval for ``metric``, and some full window does.
+
+        A window without an interval that misses a constraint (or is invalid) rules
+        its count out under either reading, so it asks for none: the batch tier's
+        window far past the others' boundaries, its requests too long for an interval,
+        does not take the intervals away from every other tier's decision.
+        """
+        full = [obs for windows in self.full_windows.values() for obs in windows]
+        resting = [obs for obs in full if obs.interval(metric) is not None or self.passes(obs)]
+        return has_intervals(resting, metric)
 
     @cached_property
     def ruled_out(self) -> set[int]:
@@ -163,7 +170,10 @@ class View:
                 users=users,
                 aggregate_tok_s=statistics.fmean(obs.aggregate_tok_s for obs in counted),
                 min_user_tok_s=statistics.fmean(obs.min_user_tok_s for obs in counted),
-                passed=users not in self.ruled_out and passed,
+                # Above the first ruled-out count nothing meets the constraints
+                # (:attr:`ceiling`), however its own windows look: the search steers by
+                # what the decision will accept.
+                passed=users <= self.ceiling and users not in self.ruled_out and passed,
                 ruled_out=users in self.ruled_out,
                 full=users in self.full_windows,
                 # With intervals every full window narrows the count's interval;

@@ -11,11 +11,14 @@ import pytest
 from runner.config import SLO, BracketSearch, build_config
 from runner.errors import ConfigError
 from runner.search.params import SearchParams
+from runner.search.peak import provisional_best
 from runner.search.policy import decide, next_step
 from runner.search.serving import ServingCurve, draw_serving_curve
-from runner.search.simulator import run_policy
+from runner.search.simulator import draw_curve, run_policy
 from runner.search.types import Constraint, Objective, Observation
+from runner.search.view import View
 from tests.unit.test_config import compose_config
+from tests.unit.test_search_decision import DEFAULT_RUN, real
 
 INTERACTIVE = Objective(
     "interactive", (Constraint("min_user_tok_s", 30.0), Constraint("ttft_p99_ms", 1000.0))
@@ -83,6 +86,44 @@ def test_replaying_a_tiered_history_gives_the_same_steps() -> None:
         assert next_step(trace.history[:index], TIERED) == step
     assert next_step(trace.history, TIERED) is None
     assert decide(list(trace.history), TIERED) == trace.decision
+
+
+def test_a_tier_window_without_intervals_leaves_the_other_tiers_theirs() -> None:
+    """In a real `slo=tiers` run the batch tier's window at 256 users (slowest user
+    12.2 tok/s, requests too long for an interval) switched every tier to the rules
+    without intervals, and the default floor was answered at 101 users where 211
+    met it. A window without an interval that misses a tier's floor rules its count
+    out for that tier under either reading; only the tier it passes (batch) has to
+    read it without one."""
+    params = SearchParams(
+        start_users=7, max_users=256, confirm_repeats=2, screening=True, tiers=(BATCH,)
+    )
+    batch_window = real(256, "confirm", (3120.0,), (12.2,))
+    history = [*DEFAULT_RUN, batch_window]
+    assert View(history, params, params.default).statistical
+    assert 256 in View(history, params, params.default).ruled_out
+    assert not View(history, params, BATCH).statistical
+    decision = decide(history, params)
+    assert "one-sided 95%" in decision.reason  # the default floor, read with intervals
+    assert decision.best_users == 199
+
+
+@pytest.mark.parametrize("noise_pct", [3.0, 5.0])
+def test_without_intervals_the_search_stops_where_the_decision_answers(noise_pct: float) -> None:
+    """Without intervals (rows written before runner measured them) one window under
+    the floor rules its count out and caps the answer below it (seed 004 §9.8: every
+    window at the count meets the floor). The search must confirm under that cap
+    too: steering by counts above it, it once confirmed a count the decision then
+    refused, and stopped with no answer."""
+    params = SearchParams(screening=True)
+    for seed in range(60):
+        curve = draw_curve("saturating", seed, noise_pct=noise_pct)
+        trace = run_policy(curve, params, seed, intervals=False)
+        confirmed = provisional_best(View(trace.history, params, params.default))
+        assert trace.decision is not None and confirmed is not None
+        answer = trace.decision.best_users
+        assert answer is not None, (seed, confirmed, trace.decision.reason)
+        assert answer >= confirmed[0] - params.neighbourhood, (seed, answer, confirmed)
 
 
 def test_without_tiers_the_decision_has_none() -> None:
