@@ -2,8 +2,9 @@
 
 coarse   shared by every objective: ``start_users`` (7: every bucket represented),
          doubling while some objective still passes the largest count measured,
-         stopping at its first failure, an OOM, two windows in a row with negligible
-         aggregate gain, or ``max_users``; halving while some objective has no
+         stopping at its first failure, an OOM, ``max_users``, or for the default
+         floor two windows in a row with negligible aggregate gain (a tier wants the
+         most users, however flat the aggregate); halving while some objective has no
          passing count (if 1 user fails it has no answer). Only coarse windows may
          be short screening windows.
 refine   per objective, in order: the boundary between its last pass and first fail,
@@ -58,7 +59,9 @@ def _coarse_users(coarse: Sequence[Observation], view: View) -> int | None:
     top = max(passing)
     if any(users > top for users in failing) or top >= view.params.max_users:
         return None
-    if _saturated(coarse, view.params):
+    if view.objective.goal == "throughput" and _saturated(coarse, view.params):
+        # A flat aggregate ends the default floor's doubling (seed 004 §9.4); a tier
+        # asks for the most users, which a flat aggregate says nothing about.
         return None
     return min(2 * top, view.params.max_users)
 

@@ -15,7 +15,7 @@ from runner.search.peak import provisional_best
 from runner.search.policy import decide, next_step
 from runner.search.serving import ServingCurve, draw_serving_curve
 from runner.search.simulator import draw_curve, run_policy
-from runner.search.types import Constraint, Objective, Observation
+from runner.search.types import Constraint, Objective, Observation, Step
 from runner.search.view import View
 from tests.unit.test_config import compose_config
 from tests.unit.test_search_decision import DEFAULT_RUN, real
@@ -124,6 +124,35 @@ def test_without_intervals_the_search_stops_where_the_decision_answers(noise_pct
         answer = trace.decision.best_users
         assert answer is not None, (seed, confirmed, trace.decision.reason)
         assert answer >= confirmed[0] - params.neighbourhood, (seed, answer, confirmed)
+
+
+def test_a_flat_aggregate_does_not_end_the_doubling_for_a_tier() -> None:
+    """Seed 004 §9.4 ends the doubling after two windows in a row with negligible
+    aggregate gain: past saturation more users add no throughput, which is all the
+    default floor asks about. A tier asks for the most users. In a real
+    `slo=tiers engine.max_num_seqs=512` run the CPU engine's aggregate was flat from
+    56 to 224 users (5,436, 5,328, 5,507 tok/s) with the slowest user still at 24
+    tok/s; the doubling stopped there and every tier above 224 users would have been
+    answered at 224."""
+    standard = Objective("standard", (Constraint("min_user_tok_s", 15.0),))
+    params = SearchParams(
+        start_users=7, max_users=512, confirm_repeats=2, screening=True, tiers=(standard, BATCH)
+    )
+    coarse = [
+        real(users, "coarse", (aggregate,), (rate,), screening=True)
+        for users, aggregate, rate in (
+            (7, 3269.05, 466.96),
+            (14, 4379.73, 312.78),
+            (28, 5069.58, 180.85),
+            (56, 5436.46, 96.99),
+            (112, 5328.14, 47.41),
+            (224, 5507.21, 24.14),
+        )
+    ]
+    assert next_step(coarse, SearchParams(start_users=7, max_users=512, screening=True)) != Step(
+        448, "coarse", screening=True
+    )  # the default floor alone: saturated
+    assert next_step(coarse, params) == Step(448, "coarse", screening=True)
 
 
 def test_without_tiers_the_decision_has_none() -> None:
