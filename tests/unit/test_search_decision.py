@@ -192,3 +192,33 @@ def test_a_screening_window_below_the_boundary_is_never_counted_as_a_full_one() 
     decision = decide([*screened, full], params)
     assert "one-sided 95%" in decision.reason  # read with intervals
     assert decision.median_aggregate_tok_s in ((3124.4 + 3138.3) / 2, 3296.5)
+
+
+# Windows at 318-324 users of a real `slo=tiers engine.max_num_seqs=512` CPU run.
+NEAR_320 = [
+    real(318, "refine", (5478.2, 5294.3, 5662.1), (17.05, 17.05, 17.32)),
+    real(324, "refine", (4921.0, 4655.1, 5187.0), (14.93, 14.93, 15.28)),
+    real(323, "refine", (4863.8, 4651.4, 5076.2), (14.93, 14.93, 15.15)),
+    real(322, "refine", (5394.3, 5083.9, 5704.6), (16.65, 16.65, 16.86)),
+    real(322, "confirm", (5273.6, 5014.6, 5532.7), (16.16, 16.16, 16.49)),
+    real(321, "refine", (5118.6,), (14.30,), True),
+    real(320, "refine", (5418.1, 5108.6, 5727.6), (16.89, 16.89, 17.04)),
+    real(319, "refine", (5053.1,), (14.15,), True),
+    real(318, "confirm", (5431.7, 5162.7, 5700.8), (17.06, 17.06, 17.18)),
+]
+
+
+def test_a_screening_window_is_not_read_as_a_cliff() -> None:
+    """The slowest of 320 users over a 6 s screening window reads lower than over
+    30 s (14.2 tok/s at 319 and 321 users, 16.9-17.1 at 318 and 320): the decision's
+    flags compare full windows only. The drop from 322 to 323 users is between full
+    windows, beyond their intervals, and stays flagged."""
+    params = SearchParams(start_users=7, max_users=512, confirm_repeats=2, screening=True)
+    flags = decide(NEAR_320, params).flags
+    spans = {
+        (int(m.group(1)), int(m.group(2)))
+        for flag in flags
+        if (m := re.search(r"between (\d+) and (\d+) users", flag))
+    }
+    assert not any(319 in span or 321 in span for span in spans), flags
+    assert (322, 323) in spans, flags
