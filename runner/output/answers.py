@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from runner.config import Hardware
 from runner.measure.uncertainty import Interval
 from runner.search.decision import Decision, TierDecision
-from runner.search.evidence import pool_aggregate
+from runner.search.evidence import median_interval
 from runner.search.params import DEFAULT, SearchParams
 from runner.search.types import Constraint, Objective, Observation
 from runner.search.view import View
@@ -133,7 +133,8 @@ def _answer(
 ) -> TierAnswer:
     users, aggregate = tier.max_users, tier.median_aggregate_tok_s
     windows = _counted(history, params, objective, users)
-    aggregate_ci = pool_aggregate(users, windows).interval if windows and users else None
+    # The interval of the figure reported, the windows' median, centred on it.
+    aggregate_ci = median_interval(windows) if users else None
     slowest = min(windows, key=lambda obs: obs.min_user_tok_s, default=None)
     ttfts = [obs.ttft_p99_ms for obs in windows if obs.ttft_p99_ms is not None]
     return TierAnswer(

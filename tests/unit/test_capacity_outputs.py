@@ -86,6 +86,7 @@ def test_capacity_json_holds_every_answer_with_intervals_and_cost(
         aggregate = entry["aggregate_tok_s"]
         low, high = entry["aggregate_tok_s_ci95"]
         assert low < high and 0.9 * aggregate < low < high < 1.1 * aggregate
+        assert low < aggregate < high  # the interval is the reported figure's
         # The slowest user's interval is that of the window the slowest user was in.
         slowest = min(
             (o for o in tiered.history if o.users == entry["users"] and o.phase != "coarse"),

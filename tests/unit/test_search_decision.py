@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from runner.search.evidence import pool_aggregate, pooled_rates
+from runner.search.evidence import median_interval, pool_aggregate, pooled_rates
 from runner.search.params import SearchParams
 from runner.search.policy import decide, next_step
 from runner.search.serving import draw_serving_curve
@@ -46,23 +46,35 @@ def test_with_intervals_a_gap_beyond_noise_is_not_a_draw() -> None:
 
 
 def test_windows_that_disagree_beyond_their_intervals_widen_the_pooled_one() -> None:
-    """Two 30 s windows at 240 users on the CPU engine, minutes apart, read 5,521 and
-    5,269 tok/s, each +-2.2%. Pooled as if they agreed, the interval left out their
-    median, the figure `capacity.json` reports with it; widened by their excess
-    scatter it holds it. Windows within each other's noise pool as before: narrower
-    than either."""
-    apart = [window(240, 5520.89, 22.79, 0.022), window(240, 5268.94, 21.76, 0.022)]
-    pooled = pool_aggregate(240, apart)
-    assert pooled.interval is not None
-    assert pooled.interval.low < pooled.estimate == (5520.89 + 5268.94) / 2 < pooled.interval.high
-    assert pooled.interval.low < 5268.94 and 5520.89 < pooled.interval.high
-    rate = pooled_rates(apart)[240].interval
-    assert rate is not None and rate.low < 21.76 and 22.79 < rate.high
+    """Two 30 s windows at 322 users on the CPU engine, minutes apart, read the
+    slowest user at 16.65 and 16.16 tok/s, with intervals 0.21 and 0.33 tok/s wide:
+    a gap far beyond chance. Pooled as if they agreed, the interval would hold
+    neither; widened by their excess scatter it holds both. Windows within each
+    other's noise pool as before: narrower than either."""
+    apart = [obs for obs in NEAR_320 if obs.users == 322]
+    rate = pooled_rates(apart)[322].interval
+    assert rate is not None and rate.low < 16.16 and 16.65 < rate.high
 
     close = [window(30, 600.0, 20.0, 0.03), window(30, 606.0, 20.2, 0.03)]
     interval = pool_aggregate(30, close).interval
     assert interval is not None
     assert interval.high / interval.low < 1.03 / 0.97  # narrower than one window's
+
+
+def test_an_answer_s_interval_holds_the_median_it_is_reported_with() -> None:
+    """Two 30 s windows at 240 users on the CPU engine read 5,521 (+-4.6%) and 5,269
+    tok/s (+-1.6%). The answer reports their median, 5,395 (seed 004 §9.8); the
+    inverse-variance pooled interval leans to the narrower window (5,215-5,378) and
+    left it out. The answer's interval is the median's."""
+    at_240 = [
+        real(240, "refine", (5520.89, 5265.44, 5776.33), (22.79, 22.79, 23.08)),
+        real(240, "confirm", (5268.94, 5182.87, 5355.00), (21.76, 21.76, 21.98)),
+    ]
+    median = (5520.89 + 5268.94) / 2
+    pooled = pool_aggregate(240, at_240).interval
+    assert pooled is not None and pooled.high < median
+    interval = median_interval(at_240)
+    assert interval is not None and interval.low < median < interval.high
 
 
 def test_a_count_whose_windows_all_pass_can_still_be_unproven() -> None:
