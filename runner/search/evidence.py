@@ -114,8 +114,8 @@ def _pooled_interval(values: Sequence[float], ses: Sequence[float | None]) -> In
     of the reduced chi-square and states the spread the windows show; scatter within
     chance leaves it as pooled.
     """
-    half, centre = _spread(values, ses)
-    return Interval(math.exp(centre - half), math.exp(centre + half))
+    centre, half, scale = _pooled_log(values, ses)
+    return _log_interval(centre, half * scale)
 
 
 def median_interval(windows: Sequence[Observation]) -> Interval | None:
@@ -138,26 +138,28 @@ def median_interval(windows: Sequence[Observation]) -> Interval | None:
     half = Z95 * math.sqrt(sum(se**2 for se in known)) / len(known)
     if len(known) >= 3:
         half *= math.sqrt(math.pi / 2)
-    spread, _ = _spread(values, ses)
-    pooled = Z95 / math.sqrt(sum(1 / se**2 for se in known))
-    half *= spread / pooled  # the scatter's widening, if any
-    centre = math.log(float(np.median(values)))
+    half *= _pooled_log(values, ses)[2]  # the scatter's widening, if any
+    return _log_interval(math.log(float(np.median(values))), half)
+
+
+def _log_interval(centre: float, half: float) -> Interval:
     return Interval(math.exp(centre - half), math.exp(centre + half))
 
 
-def _spread(values: Sequence[float], ses: Sequence[float | None]) -> tuple[float, float]:
-    """The pooled 95% half-width in log terms, widened by scatter beyond chance, and
-    the inverse-variance centre."""
+def _pooled_log(values: Sequence[float], ses: Sequence[float | None]) -> tuple[float, float, float]:
+    """In log terms: the inverse-variance centre, the pooled 95% half-width, and the
+    factor by which the windows' scatter beyond chance widens it (1 within chance)."""
     weights = np.array([1 / se**2 for se in ses if se is not None])
     logs = np.log(np.maximum(np.asarray(values, dtype=float), 1e-12))
     centre = float(np.sum(weights * logs) / weights.sum())
     half = Z95 / math.sqrt(weights.sum())
     dof = len(logs) - 1
+    scale = 1.0
     if dof >= 1:
         excess = float(np.sum(weights * (logs - centre) ** 2)) / dof
         if excess > _chi2_95(dof) / dof:
-            half *= math.sqrt(excess)
-    return half, centre
+            scale = math.sqrt(excess)
+    return centre, half, scale
 
 
 def draw(a: Pooled, b: Pooled, tolerance_pct: float) -> bool:
@@ -256,9 +258,9 @@ def pooled_rates(windows: Iterable[Observation]) -> dict[int, Pooled]:
         if any(se is None for se in ses) or min(rates) <= 0:
             pooled[users] = Pooled(users, float(np.mean(rates)), None, len(group))
             continue
-        interval = _pooled_interval(rates, ses)
-        centre = math.sqrt(interval.low * interval.high)
-        pooled[users] = Pooled(users, centre, interval, len(group))
+        centre, half, scale = _pooled_log(rates, ses)
+        interval = _log_interval(centre, half * scale)
+        pooled[users] = Pooled(users, math.exp(centre), interval, len(group))
     return pooled
 
 
