@@ -32,6 +32,7 @@ import numpy as np
 import psutil
 
 from runner.measure.records import ClientHealth
+from runner.measure.stalls import StallCounters, stalls_between
 
 log = logging.getLogger("runner")
 
@@ -85,18 +86,21 @@ class ClientHealthProbe:
         self._cpu0 = self._wall0 = 0.0
         self._connections: list[int] = []
         self._target: tuple[set[str], int] = (set(), 0)
+        self._counters: StallCounters | None = None
 
     async def start(self) -> None:
         self._target = await asyncio.to_thread(engine_addresses, self._base_url)
         # Counted before the probe runs, so the listing's own cost is not read as lag.
         self._count_connections()
         self._cpu0, self._wall0 = time.process_time(), time.monotonic()
+        self._counters = StallCounters.now()
         self._task = asyncio.create_task(self._probe(), name="client-health-probe")
 
     async def stop(self) -> ClientHealth:
         if self._task is None:  # never started: nothing was measured
             return ClientHealth(None, None, None, None, self._users)
         cpu, wall = time.process_time() - self._cpu0, time.monotonic() - self._wall0
+        stalls = stalls_between(self._counters, StallCounters.now()) if self._counters else None
         self._task.cancel()
         await asyncio.gather(self._task, return_exceptions=True)
         self._count_connections()
@@ -109,6 +113,7 @@ class ClientHealthProbe:
             open_connections=min(self._connections) if self._connections else None,
             users=self._users,
             loop_lag_mean_ms=float(lags.mean() * 1000.0) if lags.size else None,
+            stalls=stalls,
         )
 
     def _count_connections(self) -> None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from runner.measure.records import ClientHealth, MetricsSample, RequestRecord
+from runner.measure.stalls import describe
 
 
 @dataclass(frozen=True)
@@ -199,11 +200,13 @@ def judge(
     request 85% of the time.
     """
     reasons = []
-    cpu = f" (client at {health.cpu_pct:.0f}% CPU)" if health.cpu_pct is not None else ""
+    said = [f"client at {health.cpu_pct:.0f}% CPU"] if health.cpu_pct is not None else []
+    said += [stalled] if (stalled := describe(health.stalls)) else []
+    why = f" ({'; '.join(said)})" if said else ""
     if health.loop_lag_p99_ms is not None and health.loop_lag_p99_ms > max_loop_lag_ms:
         reasons.append(
             f"the client could not keep up: event-loop lag p99 {health.loop_lag_p99_ms:.1f} ms "
-            f"> {max_loop_lag_ms:g} ms{cpu}, so chunk timestamps "
+            f"> {max_loop_lag_ms:g} ms{why}, so chunk timestamps "
             "and dispatches ran late"
         )
     idle_pct = lag_idle_pct(health, request_s)
@@ -214,7 +217,7 @@ def judge(
     ):
         reasons.append(
             f"offered load below N={health.users}: the client read each completion "
-            f"{health.loop_lag_mean_ms:.1f} ms late on average{cpu}, {idle_pct:.1f}% of the "
+            f"{health.loop_lag_mean_ms:.1f} ms late on average{why}, {idle_pct:.1f}% of the "
             f"median request ({1000.0 * request_s:.0f} ms), so each user sat idle longer "
             f"than the {100.0 - min_in_flight_pct:g}% the in-flight gate allows"  # type: ignore[operator]
         )

@@ -132,6 +132,18 @@ class TelemetrySummary:
 
 
 @dataclass(frozen=True)
+class Stalls:
+    """Where a window's wall time went besides the client's own work, each ``None`` where
+    this machine does not say: the loop thread's seconds runnable but waiting for a CPU,
+    the process's major page faults (memory read back from disk), and the seconds of
+    the machine's CPUs that the hypervisor gave to other guests (steal, all CPUs)."""
+
+    run_queue_s: float | None
+    major_faults: int | None
+    steal_s: float | None
+
+
+@dataclass(frozen=True)
 class ClientHealth:
     """The client's own figures over one window; ``None`` means unavailable."""
 
@@ -144,6 +156,10 @@ class ClientHealth:
     reasons: tuple[str, ...] = ()
     # The loop's mean lag: how late, on average, an event was read after it arrived.
     loop_lag_mean_ms: float | None = None
+    # Where a late loop's time went (runner.measure.stalls): the loop's thread waiting
+    # for a CPU, the process's major page faults (its memory read back from disk), and
+    # the machine's CPU time the hypervisor ran elsewhere.
+    stalls: Stalls | None = None
 
 
 

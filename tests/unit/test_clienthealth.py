@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from runner.measure.clienthealth import engine_addresses
 from runner.measure.gates import judge
-from runner.measure.records import ClientHealth
+from runner.measure.records import ClientHealth, Stalls
+from runner.measure.stalls import (
+    TICKS_PER_S,
+    StallCounters,
+    run_queue_ns,
+    stalls_between,
+    steal_ticks,
+)
 
 
-def health(lag_ms: float | None = 2.0, connections: int | None = 33, users: int = 32, cpu_pct: float = 95.0):
+def health(
+    lag_ms: float | None = 2.0, connections: int | None = 33, users: int = 32, cpu_pct: float = 95.0
+):
     return ClientHealth(
         loop_lag_p99_ms=lag_ms,
         loop_lag_max_ms=lag_ms,
@@ -84,3 +95,37 @@ def test_without_a_mean_lag_or_a_request_time_only_the_other_rules_apply() -> No
     assert judge(late_reads(8.0), 66.7).kept_up
     older = ClientHealth(20.0, 20.0, 3.0, 2, 1)  # a detail written before the mean was kept
     assert judge(older, 66.7, request_s=0.170, min_in_flight_pct=97.0).kept_up
+
+
+def test_the_stall_counters_are_read_from_the_kernel_s_own_lines() -> None:
+    assert run_queue_ns("1234567 8900000000 42\n") == 8_900_000_000
+    assert run_queue_ns("") is None
+    stat = "cpu  1249741 0 361076 780490 3903 0 14861 2690 0 0\ncpu0 1 2 3 4 5 6 7 8 0 0\n"
+    assert steal_ticks(stat) == 2690
+    assert steal_ticks("cpu  1 2 3 4\n") is None  # a kernel without the column
+    start = StallCounters(run_queue_ns=1_000_000_000, major_faults=10, steal_ticks=2690)
+    end = StallCounters(
+        run_queue_ns=1_250_000_000, major_faults=350, steal_ticks=2690 + 2 * TICKS_PER_S
+    )
+    assert stalls_between(start, end) == Stalls(run_queue_s=0.25, major_faults=340, steal_s=2.0)
+    blind = stalls_between(StallCounters(None, 0, None), StallCounters(None, 3, None))
+    assert blind == Stalls(None, 3, None)
+
+
+def test_a_late_loop_s_reason_says_where_its_time_went() -> None:
+    """Issue 12's CI: a client at 1% CPU read each completion 130 ms late. The reason
+    carries the counters that tell a crowded CPU, memory read back from disk and a busy
+    host apart; the window is refused whichever it was."""
+    late = replace(
+        late_reads(130.0, p99_ms=160.0),
+        stalls=Stalls(run_queue_s=0.04, major_faults=812, steal_s=6.5),
+    )
+    verdict = judge(late, 66.7, request_s=0.070, min_in_flight_pct=97.0)
+    assert not verdict.kept_up and len(verdict.reasons) == 2
+    said = (
+        "(client at 3% CPU; its loop waited 0.04 s for a CPU, 812 major page fault(s), "
+        "the hypervisor took 6.50 s of this machine's CPUs)"
+    )
+    assert all(said in reason for reason in verdict.reasons)
+    quiet = replace(late_reads(1.0), stalls=Stalls(0.0, 0, 0.0))
+    assert judge(quiet, 66.7, request_s=0.070, min_in_flight_pct=97.0).kept_up
