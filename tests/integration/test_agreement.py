@@ -29,6 +29,7 @@ from runner.measure.reference import run_reference
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
 from tests.integration.conftest import TINY_CONTEXT, free_port, wait_idle
+from tests.integration.runs import LATE_CLIENT
 
 pytestmark = pytest.mark.integration
 
@@ -40,7 +41,6 @@ CLIENT_VS_SERVER = 0.05
 RUNNER_VS_BENCH = 0.10
 # A window refused because the client ran late is measured again, at most this often.
 CLIENT_RETRIES = 3
-LATE_CLIENT = ("the client could not keep up", "offered load below")
 # Seconds of load at the largest N before the first comparison.
 WARM_UP_S = 30
 

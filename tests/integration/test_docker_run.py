@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from runner.measure.result import WindowRow
-from tests.integration.runs import FAST_START, interrupt, start, wait_for_rows
+from runner.output.results import read_results
+from tests.integration.runs import FAST_START, LATE_CLIENT, interrupt, start, wait_for_rows
 
 REPO = Path(__file__).resolve().parents[2]
 ENGINE_IMAGE = "local/vllm-cpu:0.32.0"
@@ -92,7 +93,9 @@ def test_a_container_left_by_a_killed_runner_is_removed_by_the_next_run(
 ) -> None:
     """SIGKILL gives runner no chance to remove its container; the same command again
     (same run_id) removes it before it starts its own, completes the run in a container
-    of the pinned local image, and leaves nothing."""
+    of the pinned local image, and leaves nothing. Both windows measured the engine; a
+    window refused because the client ran late (issue 12's CI: the first window after a
+    container start, client at 3% CPU, its loop 79 ms late at p99) is accepted."""
     client = docker_client()
     run_id = f"docker-sigkill-{os.getpid()}"
     command = runner_command(tmp_path, cache_dir, run_id, "[4,6]")
@@ -116,8 +119,15 @@ def test_a_container_left_by_a_killed_runner_is_removed_by_the_next_run(
     assert labelled(client, run_id) == []
     measured = rows(results_file(tmp_path))
     assert [row["users"] for row in measured] == [4, 6]
-    assert all(row["valid"] is True for row in measured), measured
     assert all(list(row) == WindowRow.field_names() for row in measured)
+    # Both windows measured the engine: no error, the audit held, no fault. A window
+    # may still be refused because runner's client ran late on a busy machine (the first
+    # after a container start most often); that, and only that, is accepted here.
+    for result in read_results(tmp_path / "results"):
+        reasons = result.detail.invalid_reasons
+        assert result.row.valid == (not reasons), reasons
+        assert all(reason.startswith(LATE_CLIENT) for reason in reasons), reasons
+        assert result.row.request_errors == 0 and result.detail.engine_fault is None
     manifest = json.loads((tmp_path / "results" / "manifest.json").read_text())
     assert manifest["flags"].startswith(f"checked against {ENGINE_IMAGE}")
     assert "docker run" in manifest["launch"]["docker_run"]
