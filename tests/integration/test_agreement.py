@@ -238,7 +238,7 @@ def test_runner_and_vllm_bench_agree_with_the_engine_in_its_own_session(own_sess
     another's. runner runs in a process of a new session, not in the test's: the test's
     session holds the session-scoped engine, idle, and with it runner's session group
     is not what a user's terminal gives runner. Measured: with an idle vLLM engine in
-    its session, runner's loop waited 9-10 s of each 10 s window for a CPU at N=1, and
+    its session, runner's loop waited 8.7-9.9 s of each 10 s window for a CPU at N=1, and
     0.01-0.5 s in a session of its own (the same engine, the same load)."""
     view = EngineView(own_session.base_url, own_session.served_name, own_session.process.pid,
                       own_session.log_path)  # fmt: skip
