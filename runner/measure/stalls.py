@@ -85,7 +85,8 @@ def stalls_between(start: StallCounters, end: StallCounters) -> Stalls:
 
 def describe(stalls: Stalls | None) -> str:
     """The counters as a phrase for a reason: "its loop waited 0.12 s for a CPU, 340
-    major page faults, the host took 2.1 s of CPU"; empty where nothing was read."""
+    major page fault(s), the hypervisor took 2.10 s of this machine's CPUs"; empty where
+    nothing was read."""
     if stalls is None:
         return ""
     parts = []
