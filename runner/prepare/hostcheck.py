@@ -11,14 +11,16 @@ tested with plain values; the rest read the host.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
 import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from runner.config import RunConfig
 from runner.engines.docker import (
@@ -50,6 +52,10 @@ RESULTS_GIB = 1.0
 CACHE_GIB = 2.0
 IMAGE_GIB = 30.0
 GPU_PROBE_TIMEOUT_S = 120
+# How a vLLM OpenAI server shows in a process list: ``python -m`` of one of these
+# modules, or the ``vllm serve`` command.
+VLLM_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
+VLLM_DEFAULT_PORT = 8000
 
 
 @dataclass(frozen=True)
@@ -119,6 +125,45 @@ def judge_numa(
         found + caveat,
         f"vLLM checks engine.kv_cache_memory_gib={kv_gib:g} against node 0's free memory when it "
         "starts: lower it, or stop what holds memory on node 0",
+    )
+
+
+def is_vllm_server(cmdline: Sequence[str]) -> bool:
+    """Whether a process's argv starts a vLLM server (``python -m vllm.entrypoints...``
+    or ``vllm serve``)."""
+    if any(module in cmdline for module in VLLM_SERVER_MODULES):
+        return True
+    return any(
+        Path(word).name == "vllm" and later == "serve"
+        for word, later in itertools.pairwise(cmdline)
+    )
+
+
+def server_port(cmdline: Sequence[str]) -> int:
+    """The port a vLLM server listens on: its ``--port N`` (or ``--port=N``), else vLLM's
+    default."""
+    for index, word in enumerate(cmdline):
+        value = cmdline[index + 1] if word == "--port" and index + 1 < len(cmdline) else None
+        if word.startswith("--port="):
+            value = word.split("=", 1)[1]
+        if value is not None and value.isdigit():
+            return int(value)
+    return VLLM_DEFAULT_PORT
+
+
+def judge_other_engines(found: Sequence[tuple[int, int]]) -> Check:
+    """vLLM servers on this host other than the run's, as (pid, port). Only the pid and
+    port are shown: a server's argv may carry an API key."""
+    if not found:
+        return Check("other vLLM servers", "ok", "none running")
+    listed = ", ".join(f"pid {pid} (port {port})" for pid, port in found)
+    return Check(
+        "other vLLM servers",
+        "warn",
+        listed,
+        "stop them before measuring: even serving nothing, a vLLM CPU engine keeps threads "
+        "that wake a hundred times a second on the cores runner's client needs (its "
+        "windows are then refused for a late client), and on a GPU one holds its memory",
     )
 
 
@@ -349,6 +394,32 @@ def check_memory(config: RunConfig) -> Check:
     return judge_numa(host.numa_nodes(), host.machine_memory(), kv)
 
 
+def check_other_engines(config: RunConfig) -> Check:
+    """Other vLLM servers running on this host. With ``backend=external`` on this host,
+    the server listening on the run's port is the one measured, and is left out."""
+    import psutil
+
+    spared = None
+    if config.backend.kind == "external" and config.backend.url:
+        url = urlsplit(config.backend.url)
+        if url.hostname in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+            spared = url.port or (443 if url.scheme == "https" else 80)
+    servers: dict[int, int] = {}
+    parents: dict[int, int] = {}
+    for process in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        cmdline = process.info["cmdline"] or []
+        if is_vllm_server(cmdline):
+            servers[process.info["pid"]] = server_port(cmdline)
+            parents[process.info["pid"]] = process.info["ppid"]
+    # A server's forked children show its argv too; the one that started them is listed.
+    found = [
+        (pid, port)
+        for pid, port in sorted(servers.items())
+        if parents[pid] not in servers and port != spared
+    ]
+    return judge_other_engines(found)
+
+
 def check_orphans(client: Any, clean: bool) -> Check:
     """Engine containers whose runner is gone; removed with ``--clean``."""
     if client is None:
@@ -390,5 +461,6 @@ def run_checks(config: RunConfig, *, clean: bool = False) -> list[Check]:
         check_port(config),
         judge_open_files(*host.open_files_limit()),
         check_memory(config),
+        check_other_engines(config),
         check_orphans(client, clean),
     ]

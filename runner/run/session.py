@@ -143,6 +143,7 @@ class EngineSession:
         )
         try:
             if self._with_engine:
+                self._note_other_engines()
                 self._start_engine()
                 self._raise_priority()
                 facts = startup_facts(self.engine)
@@ -193,6 +194,17 @@ class EngineSession:
             if exc_type is None:
                 raise
             log.warning("could not mark the MLflow run %s: %s", status, error)
+
+    def _note_other_engines(self) -> None:
+        """Other vLLM servers on this host, named before the run's engine starts: even
+        idle, one holds the load loop off the cores (its windows are then refused for a
+        late client), and on a GPU one holds memory. Kept in the manifest by pid and port."""
+        from runner.prepare.hostcheck import check_other_engines
+
+        seen = check_other_engines(self.context.config)
+        self.context.manifest["other_vllm_servers"] = seen.found
+        if seen.status != "ok":
+            log.warning("other vLLM servers run on this host: %s; %s", seen.found, seen.fix)
 
     def _raise_priority(self) -> None:
         """Once the engine serves, the load loop's session group gets a larger CPU weight

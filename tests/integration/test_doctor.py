@@ -10,10 +10,16 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
+import psutil
 import pytest
+
+from runner.config import build_config
+from runner.prepare.hostcheck import check_other_engines
+from tests.conftest import compose
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = "local/debian:bookworm"
@@ -136,3 +142,41 @@ def test_clean_removes_an_orphaned_engine_container_and_keeps_a_live_ones(client
                 container.remove(force=True)
             except Exception:  # noqa: BLE001 - already removed by the doctor
                 pass
+
+
+def test_other_vllm_servers_on_the_host_are_named_by_pid_and_port() -> None:
+    """A forgotten engine holds runner's client off the cores even when it serves
+    nothing (docs/benchmarks.md, "Where a late loop's time went"). Processes whose argv
+    names vLLM's server module stand in for engines (the check reads only the process
+    list); each forks a child with the same argv, as vLLM's engine processes show, and
+    only the parent is listed. A secret in the argv never reaches the row."""
+    script = (
+        "import os, subprocess, sys, time\n"
+        "if not os.environ.get('FORKED'):\n"
+        "    subprocess.Popen([sys.executable, *sys.orig_argv[1:]], env={**os.environ, 'FORKED': '1'})\n"
+        "time.sleep(60)"
+    )
+    argv = ["vllm.entrypoints.openai.api_server", "--api-key", "sk-hidden", "--port"]
+    servers = [subprocess.Popen([sys.executable, "-c", script, *argv, str(port)])
+               for port in (18123, 18124)]  # fmt: skip
+    try:
+        for server in servers:
+            while len(psutil.Process(server.pid).children()) < 1:
+                time.sleep(0.05)
+        seen = check_other_engines(build_config(compose([])))
+        assert seen.status == "warn", seen
+        assert f"pid {servers[0].pid} (port 18123)" in seen.found
+        assert f"pid {servers[1].pid} (port 18124)" in seen.found
+        children = [c.pid for s in servers for c in psutil.Process(s.pid).children()]
+        assert not any(f"pid {pid} " in seen.found for pid in children), seen
+        assert "sk-hidden" not in repr(seen)
+        measured = build_config(compose(["backend=external", "backend.url=http://127.0.0.1:18123"]))
+        spared = check_other_engines(measured)
+        assert f"pid {servers[0].pid} " not in spared.found
+        assert f"pid {servers[1].pid} (port 18124)" in spared.found
+    finally:
+        for server in servers:
+            for child in psutil.Process(server.pid).children():
+                child.kill()
+            server.kill()
+            server.wait()

@@ -25,6 +25,7 @@ def read_jsonl(path: Path) -> list[dict]:
 
 PLANTED = "hf_plantedShellToken0123456789"
 ENGINE_PORT = 8391
+FORGOTTEN_PORT = 18391
 
 
 def engine_process(port: int) -> tuple[bytes, bytes] | None:
@@ -55,12 +56,23 @@ def fixed_run(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> tupl
         "run_id=e2e-fixed", f"engine.port={ENGINE_PORT}", FAST_START,
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", HF_TOKEN=PLANTED, VLLM_API_KEY=PLANTED)
-    with (work / "stdout").open("w") as out, (work / "stderr").open("w") as err:
-        runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
-        sampled = None
-        while runner.poll() is None:
-            sampled = engine_process(ENGINE_PORT) or sampled
-            time.sleep(0.5)
+    # A process named as a vLLM server on another port, as a forgotten engine shows in
+    # the process list; it only sleeps, so the windows are not disturbed.
+    forgotten = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(900)", "vllm.entrypoints.openai.api_server",
+         "--port", str(FORGOTTEN_PORT)]
+    )  # fmt: skip
+    (work / "forgotten-pid").write_text(str(forgotten.pid))
+    try:
+        with (work / "stdout").open("w") as out, (work / "stderr").open("w") as err:
+            runner = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err, text=True)
+            sampled = None
+            while runner.poll() is None:
+                sampled = engine_process(ENGINE_PORT) or sampled
+                time.sleep(0.5)
+    finally:
+        forgotten.kill()
+        forgotten.wait()
     (work / "engine-sample").write_bytes(b"\n".join(sampled) if sampled else b"")
     done = subprocess.CompletedProcess(
         command, runner.returncode, (work / "stdout").read_text(), (work / "stderr").read_text()
@@ -135,6 +147,19 @@ def test_manifest_records_startup_facts_and_the_workload_hash(fixed_run) -> None
     workload = (work / "results" / "workload.jsonl").read_bytes()
     assert manifest["workload"]["sha256"] == hashlib.sha256(workload).hexdigest()
     assert manifest["summary"]["windows"] == 2
+
+
+def test_a_vllm_server_already_on_the_host_is_named_before_the_engine_starts(fixed_run) -> None:
+    """An engine left running holds runner's client off the cores even when idle
+    (docs/benchmarks.md, "Where a late loop's time went"): the run names it by pid and
+    port, on the console and in the manifest, and not the engine it starts itself."""
+    done, work, _ = fixed_run
+    assert done.returncode == 0, done.stderr[-3000:]
+    named = f"pid {(work / 'forgotten-pid').read_text()} (port {FORGOTTEN_PORT})"
+    manifest = json.loads((work / "results" / "manifest.json").read_text())
+    assert named in manifest["other_vllm_servers"]
+    assert f"(port {ENGINE_PORT})" not in manifest["other_vllm_servers"]
+    assert "other vLLM servers run on this host" in done.stdout + done.stderr
 
 
 def test_no_secret_reaches_the_engine_argv_logs_mlflow_or_the_console(fixed_run) -> None:

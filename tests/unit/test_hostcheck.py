@@ -9,10 +9,13 @@ from runner.prepare.host import NumaNode, numa_nodes
 from runner.prepare.hostcheck import (
     MIN_OPEN_FILES,
     is_orphan,
+    is_vllm_server,
     judge_disk,
     judge_driver,
     judge_numa,
     judge_open_files,
+    judge_other_engines,
+    server_port,
 )
 from runner.prepare.torchstack import FIX, TorchStack, verdict
 from runner.prepare.validate import MachineMemory
@@ -90,3 +93,20 @@ def test_companions_that_do_not_load_are_named_with_the_fix() -> None:
     assert message is not None and "\n" not in message
     assert "torchvision 0.29.1" in message and "torchaudio 2.11.1" in message
     assert f"/venv/bin/python -m {FIX}" in message and "scripts/setup.sh" in message
+
+
+def test_vllm_servers_are_told_from_other_processes_by_their_argv() -> None:
+    module = ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server", "--port", "8300"]
+    assert is_vllm_server(module) and server_port(module) == 8300
+    serve = ["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "Qwen/Qwen3-0.6B", "--port=9000"]
+    assert is_vllm_server(serve) and server_port(serve) == 9000
+    assert server_port(["vllm", "serve", "m"]) == 8000  # vLLM's default port
+    assert not is_vllm_server(["vllm", "bench", "serve", "--port", "8300"])
+    assert not is_vllm_server(["python", "-m", "runner", "backend=external"])
+
+
+def test_other_vllm_servers_are_a_warning_naming_pid_and_port_only() -> None:
+    assert judge_other_engines([]).status == "ok"
+    seen = judge_other_engines([(4242, 8300), (4343, 8000)])
+    assert seen.status == "warn" and seen.found == "pid 4242 (port 8300), pid 4343 (port 8000)"
+    assert "wake" in seen.fix and "GPU" in seen.fix
