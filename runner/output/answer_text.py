@@ -18,6 +18,8 @@ def boundary_text(capacity: Capacity | None) -> str:
     if capacity is None or capacity.users_range is None:
         return UNAVAILABLE
     low, high = capacity.users_range
+    if high is None:
+        return f"the boundary is at or above {low} users: no count measured misses the floor"
     if low == high:
         return f"the boundary is at {low} users"
     return f"the boundary is between {low} and {high} users"
@@ -102,10 +104,12 @@ def cost_parts(answer: TierAnswer) -> list[str]:
     return parts
 
 
-def range_text(users_range: tuple[int, int] | None) -> str:
+def range_text(users_range: tuple[int, int | None] | None) -> str:
     if users_range is None:
         return UNAVAILABLE
     low, high = users_range
+    if high is None:
+        return f"{low} or more"
     return str(low) if low == high else f"{low}-{high}"
 
 

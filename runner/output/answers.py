@@ -39,7 +39,7 @@ class TierAnswer:
     aggregate_tok_s: float | None
     min_user_tok_s: float | None
     binding: str | None
-    users_range: tuple[int, int] | None
+    users_range: tuple[int, int | None] | None
     windows: int
     reason: str
     ttft_p99_ms: float | None = None
@@ -76,7 +76,7 @@ class Capacity:
         return self.answers[1:]
 
     @property
-    def users_range(self) -> tuple[int, int] | None:
+    def users_range(self) -> tuple[int, int | None] | None:
         """The default floor's boundary: the user counts the windows are consistent with."""
         return self.default.users_range
 

@@ -17,7 +17,9 @@ finished run is rerun), beside ``report.md``.
 ``usd_per_hour``       the price the cost figures use (``hw.usd_per_hour``)
 ``floor_tok_s``        the default per-user floor (``slo.min_user_tok_s``)
 ``users_range``        the default floor's boundary, ``[low, high]``: the user counts
-                       the windows are consistent with ("between 126 and 137")
+                       the windows are consistent with ("between 126 and 137");
+                       ``high`` is ``null`` where no count measured misses the floor
+                       (the boundary is at or above ``low``)
 ``flags``              notes on the curve: a cliff in the slowest user's rate, a
                        non-monotonic curve; ``[]`` when there are none
 ``tiers``              one entry per answer: the default floor's first (``name``
@@ -37,7 +39,8 @@ Each entry of ``tiers``:
 ``ttft_p99_ms``          the worst TTFT p99 over those windows
 ``binding``              the limit that stops one user more (tiers only; ``null`` for
                          the default floor, whose N is the best aggregate)
-``users_range``          ``[low, high]``: the boundary's range of N
+``users_range``          ``[low, high]``: the boundary's range of N (``high`` ``null``:
+                         no count measured misses the limits)
 ``windows``              counted windows at N
 ``tok_s_per_gpu``        ``aggregate_tok_s / gpus``
 ``usd_per_mtok``         $ per million output tokens: ``usd_per_hour`` over the output
@@ -109,7 +112,8 @@ def capacity_metrics(capacity: Capacity) -> dict[str, float]:
         metrics[metric_name(name, "users")] = answer.users
         if answer.users_range is not None:
             metrics[metric_name(name, "users_low")] = answer.users_range[0]
-            metrics[metric_name(name, "users_high")] = answer.users_range[1]
+            if answer.users_range[1] is not None:
+                metrics[metric_name(name, "users_high")] = answer.users_range[1]
         metrics[metric_name(name, "ttft_p99_ms")] = answer.ttft_p99_ms
         for figure, field in _WITH_INTERVAL:
             metrics[metric_name(name, figure)] = getattr(answer, figure)
@@ -151,5 +155,5 @@ def _entry(answer: TierAnswer) -> dict[str, Any]:
     return entry
 
 
-def _pair(pair: tuple[int, int] | None) -> list[int] | None:
+def _pair(pair: tuple[int, int | None] | None) -> list[int | None] | None:
     return None if pair is None else list(pair)

@@ -41,7 +41,7 @@ class RunSummary:
         return asdict(self)
 
     @property
-    def users_range(self) -> tuple[int, int] | None:
+    def users_range(self) -> tuple[int, int | None] | None:
         """The default floor's boundary range of N; None where the windows give none."""
         return self.capacity.users_range if self.capacity is not None else None
 

@@ -44,7 +44,7 @@ class TierDecision:
     median_aggregate_tok_s: float | None
     min_user_tok_s: float | None
     binding: str | None
-    users_range: tuple[int, int] | None
+    users_range: tuple[int, int | None] | None
     windows: int
     reason: str
 
@@ -60,7 +60,7 @@ class Decision:
     mean_user_tok_s: float | None
     windows: int
     reason: str
-    users_range: tuple[int, int] | None = None
+    users_range: tuple[int, int | None] | None = None
     flags: tuple[str, ...] = ()
     tiers: tuple[TierDecision, ...] = ()
 
@@ -199,9 +199,11 @@ def _binding(view: View, users: int) -> str | None:
     return min(view.objective.constraints, key=headroom).label
 
 
-def _users_range(view: View) -> tuple[int, int] | None:
+def _users_range(view: View) -> tuple[int, int | None] | None:
     """The boundary's range: from the largest count the windows say meets every
-    constraint to the largest they do not clearly rule out."""
+    constraint to the largest they do not clearly rule out. Where no count measured
+    misses a constraint (the search stopped where the aggregate stopped rising), the
+    boundary lies at or above the low end and the high end is unknown: ``None``."""
     if view.statistical:
         low, high = view.candidate(), view.possible()
     else:
@@ -211,6 +213,8 @@ def _users_range(view: View) -> tuple[int, int] | None:
             n for n in view.full_windows if low is not None and n > low and n in view.ruled_out
         ]
         high = min(failing) - 1 if failing else None
+    if low is not None and view.first_miss is None:
+        return low, None
     if low is None or high is None:
         return None
     return low, max(low, high)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from runner.output.answer_text import range_text
 from runner.search.evidence import median_interval, pool_aggregate, pooled_rates
 from runner.search.params import SearchParams
 from runner.search.policy import decide, next_step
@@ -234,3 +235,42 @@ def test_a_screening_window_is_not_read_as_a_cliff() -> None:
     }
     assert not any(319 in span or 321 in span for span in spans), flags
     assert (322, 323) in spans, flags
+
+
+# The CPU default run of 2026-12-05 (`python -m runner`, fresh clone, 2 cores, vLLM
+# 0.32.0): the aggregate peaked near 32 users, the doubling stopped at 56 where it fell,
+# and the slowest user never came near the floor (76 tok/s at 56 users).
+FLAT_AGGREGATE_RUN = [
+    real(7, "coarse", (3664.9, 3049.9, 4279.8), (523.24, 523.24, 551.13), True),
+    real(14, "coarse", (4772.6, 4476.8, 5068.4), (340.83, 340.83, 346.77), True),
+    real(28, "coarse", (4784.8, 4371.7, 5197.9), (170.69, 170.69, 173.34), True),
+    real(56, "coarse", (4290.3, 3554.2, 5026.3), (76.38, 76.38, 79.24), True),
+    real(28, "refine", (5181.6, 5036.2, 5327.1), (184.94, 184.94, 186.09)),
+    real(31, "refine", (5643.0, 5499.5, 5786.4), (182.00, 182.00, 183.00)),
+    real(40, "refine", (5509.8, 5308.2, 5711.4), (137.68, 137.68, 138.51)),
+    real(35, "refine", (4963.1, 4845.2, 5080.9), (141.79, 141.79, 142.32)),
+    real(33, "refine", (5365.9, 5028.7, 5703.1), (162.53, 162.53, 164.26)),
+    real(29, "refine", (5186.4, 4949.1, 5423.6), (178.81, 178.81, 180.16)),
+    real(34, "refine", (5405.0, 5172.1, 5637.9), (158.96, 158.96, 160.27)),
+    real(30, "refine", (5366.6, 5211.4, 5521.7), (178.83, 178.83, 179.85)),
+    real(32, "refine", (5654.6, 5500.8, 5808.4), (176.62, 176.62, 177.49)),
+    real(32, "confirm", (5768.6, 5550.4, 5986.8), (180.24, 180.24, 181.27)),
+    real(33, "confirm", (5783.2, 5581.4, 5984.9), (174.86, 174.86, 176.54)),
+]
+
+
+def test_a_search_that_never_met_a_miss_leaves_the_boundary_open_above() -> None:
+    """Where the aggregate stops rising before the slowest user nears the floor, the
+    search ends without measuring a count that misses it. That run reported "the
+    boundary is at 56 users", the largest count it measured, though nothing rules out
+    57: the range's high end is unknown, and the text says the boundary is at or above
+    the low end."""
+    params = SearchParams(start_users=7, max_users=256, confirm_repeats=2, screening=True)
+    decision = decide(FLAT_AGGREGATE_RUN, params)
+    assert next_step(FLAT_AGGREGATE_RUN, params) is None
+    assert decision.best_users == 33
+    assert decision.users_range == (56, None)
+    assert range_text(decision.users_range) == "56 or more"
+    # A run whose windows reach a miss keeps a closed range.
+    closed = decide(NEAR_320, SearchParams(start_users=7, max_users=512, confirm_repeats=2))
+    assert closed.users_range is not None and closed.users_range[1] is not None
