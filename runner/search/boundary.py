@@ -40,7 +40,12 @@ def _push(view: View, candidate: int) -> Step | None:
     """A window above the confirmed boundary when the counts the windows still allow
     would be worth it: their aggregate beats the candidate's by more than the
     negligible gain. This is where the aggregate still rises into the floor, and
-    where seed 004 §9's three windows at one count stop a few users short of it."""
+    where seed 004 §9's three windows at one count stop a few users short of it.
+
+    It goes to the largest such count that the windows left could show meets the
+    floor, by the windows' own trend; a measured count on the way whose windows
+    miss the floor on average, but not beyond their intervals, is measured again
+    first: until its windows say otherwise it caps the boundary."""
     possible = view.possible()
     if possible is None or possible <= candidate:
         return None
@@ -50,18 +55,25 @@ def _push(view: View, candidate: int) -> Step | None:
         if candidate - 1 <= users <= possible + 1
         for obs in windows
     ]
-    if len(region) >= PUSH_WINDOWS * max(1, view.params.confirm_repeats):
+    budget = PUSH_WINDOWS * max(1, view.params.confirm_repeats) - len(region)
+    if budget <= 0:
         return None
     gain = view.aggregate_gain(candidate, possible)
     if gain is None or gain * 100 <= view.params.negligible_gain_pct:
         return None
-    target = candidate + max(1, (possible - candidate) // 2)
-    # Only while the windows left could show it: a count whose slowest user sits
-    # closer to the floor than that would need more windows than the search spends.
-    needed = view.windows_to_confirm(target)
-    budget = PUSH_WINDOWS * max(1, view.params.confirm_repeats) - len(region)
-    if needed is None or needed > budget:
+    target = next(
+        (
+            users
+            for users in range(possible, candidate, -1)
+            if (needed := view.windows_to_confirm(users)) is not None and needed <= budget
+        ),
+        None,
+    )
+    if target is None:
         return None
+    miss = view.first_miss
+    if miss is not None and candidate < miss < target:
+        target = miss
     return Step(target, "confirm" if target in view.full_windows else "refine", screening=False)
 
 

@@ -340,8 +340,11 @@ class View:
         """The aggregate rises into ``users`` smoothly: a local fit through the windows
         below it has a slope clearly above zero and no more scatter than their
         intervals allow. Then no count just below can beat it, and the boundary's
-        lower neighbourhood need not be measured."""
-        below = [obs for obs in self._fit_windows(users) if obs.users <= users]
+        lower neighbourhood need not be measured. Three counts within the fit's span
+        are needed: a window at half the users says nothing about a peak just below."""
+        below = [
+            obs for obs in self._fit_windows(users) if users / FIT_SPAN < obs.users <= users
+        ]
         if len({obs.users for obs in below}) < 3:
             return False
         fit = local_fit(below, "aggregate_tok_s", users)

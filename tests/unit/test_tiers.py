@@ -43,9 +43,11 @@ def true_max_users(curve: ServingCurve, tier: Objective) -> tuple[int, str]:
 
 
 def test_one_search_answers_every_tier_with_the_constraint_that_binds() -> None:
-    """Three tiers from one search: each tier's answer truly meets all of its limits,
-    lies close under the true maximum, and names the limit that stops one user
-    more; the standard tier's TTFT ceiling binds before its floor does."""
+    """Three tiers from one search: each tier's answer truly meets all of its limits
+    (to within 0.5%: a 95% claim from windows with 1.5% noise cannot tell a slowest
+    user at 4.999 tok/s from one at 5.0), lies close under the true maximum, and
+    names the limit that stops one user more; the standard tier's TTFT ceiling binds
+    before its floor does."""
     curve = draw_serving_curve("decode_bound", 4)
     trace = run_policy(curve, TIERED, seed=4)
     assert trace.decision is not None
@@ -56,7 +58,7 @@ def test_one_search_answers_every_tier_with_the_constraint_that_binds() -> None:
         most, binding = true_max_users(curve, tier)
         assert answer.max_users is not None, answer.reason
         state = curve.state(answer.max_users)
-        assert all(c.met(getattr(state, c.metric)) for c in tier.constraints), tier.name
+        assert all(c.met(getattr(state, c.metric), -0.005) for c in tier.constraints), tier.name
         assert answer.max_users >= 0.85 * most, (tier.name, answer.max_users, most)
         assert answer.binding == binding, (tier.name, answer.binding)
         assert answer.median_aggregate_tok_s is not None
