@@ -10,7 +10,9 @@ shapes   :mod:`runner.search.simulator`'s four shapes, drawn to exercise the sea
          at 300 s, growing as 1/sqrt(window).
 serving  :mod:`runner.search.serving`'s engine model, which knows nothing of the
          search (decode step growing with the batch, long-context users slower, a
-         KV-cache limit); 1.5% noise on full windows, 3.5% on screening windows.
+         KV-cache limit); 1.5% noise on full windows, 3.5% on screening windows;
+         with ``--drift-pct``, an engine whose pace moves between windows by more
+         than their intervals show.
 
 literal     every window 300 s; doubling or halving; bisection between the last pass
             and the first fail; every integer within 2 of the peak and of the
@@ -30,6 +32,7 @@ and how often the answer truly meets the floor and lies within 3% and 5% of the 
 aggregate that does (the curve's optimum).
 
     python benchmarks/search_cost.py [--seeds 200] [--serving-seeds 100] [--noise-pct 1.5]
+                                     [--drift-pct 0]
     python benchmarks/search_cost.py --cpu [--cpu-noise-pct 11]
 
 ``--cpu`` costs the embedded default (``python -m runner``: tiny model, 2 cores) instead:
@@ -44,7 +47,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -323,6 +326,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=200, help="searches per shape")
     parser.add_argument("--serving-seeds", type=int, default=100, help="searches per family")
     parser.add_argument("--noise-pct", type=float, default=1.5)
+    parser.add_argument(
+        "--drift-pct",
+        type=float,
+        default=0.0,
+        help="serving curves: the engine's pace moves this much between windows, unseen by "
+        "their intervals",
+    )
     parser.add_argument("--cpu", action="store_true", help="cost the embedded CPU default")
     parser.add_argument(
         "--cpu-noise-pct", type=float, default=11.0, help="noise of a 20 s CPU window"
@@ -333,7 +343,8 @@ def main() -> None:
         return
     print(
         f"{args.seeds} seeds per shape, {args.serving_seeds} per serving family; window noise "
-        f"{args.noise_pct}% at {WINDOW_S:g} s"
+        f"{args.noise_pct}% at {WINDOW_S:g} s; serving engines drift {args.drift_pct}% between "
+        "windows"
     )
     print(
         "| curves | procedure | windows | engine-min | engine time / literal | within 3% | within 5% |"
@@ -348,7 +359,9 @@ def main() -> None:
     run_suite(
         "serving",
         FAMILIES,
-        lambda family, seed: draw_serving_curve(family, seed, noise_pct=args.noise_pct),
+        lambda family, seed: replace(
+            draw_serving_curve(family, seed, noise_pct=args.noise_pct), drift_pct=args.drift_pct
+        ),
         args.serving_seeds,
     )
 

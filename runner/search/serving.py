@@ -28,6 +28,9 @@ kv_limited     either of the above with a KV cache that fills before the floor
 
 Window noise is gaussian on the aggregate and on the slowest user's rate
 (``noise_pct`` on full windows, ``screening_noise_pct`` on screening windows).
+``drift_pct`` (0 unless set) moves the engine's pace between windows: both figures by
+one gaussian factor that the windows' intervals do not show, as the CPU engine's
+windows minutes apart disagree beyond theirs.
 The true figures are the steady-state ones, so a search's answer can be scored
 against the best aggregate whose slowest user truly meets the floor.
 """
@@ -73,6 +76,7 @@ class ServingCurve:
     noise_pct: float = 1.5
     screening_noise_pct: float = 3.5
     oom_users: int | None = None
+    drift_pct: float = 0.0
 
     def state(self, users: int) -> SteadyState:
         prompts = _PROMPTS[np.arange(users) % len(BUCKETS)]
@@ -144,6 +148,10 @@ class ServingCurve:
         spread = (self.screening_noise_pct if screening else self.noise_pct) / 100
         aggregate, slowest = truth.aggregate_tok_s, truth.min_user_tok_s
         noise = 1 + spread * rng.standard_normal(2)
+        if self.drift_pct:
+            # The engine's pace drifts between windows by more than any one window
+            # can see: both figures move together, their intervals with them.
+            noise *= 1 + self.drift_pct / 100 * rng.standard_normal()
         return Observation(
             users=users,
             aggregate_tok_s=float(aggregate * noise[0]),
