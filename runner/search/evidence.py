@@ -162,6 +162,54 @@ def _pooled_log(values: Sequence[float], ses: Sequence[float | None]) -> tuple[f
     return centre, half, scale
 
 
+def drift(groups: Iterable[Sequence[Observation]], metric: Metric) -> float:
+    """How far windows at one count scatter beyond their own intervals, as a standard
+    deviation in log terms (0 when they do not, beyond chance).
+
+    A window's interval speaks for its own seconds; the engine's pace can move
+    between windows minutes apart by more than that (two 30 s windows at 56 users on
+    the CPU engine read 5,619 and 4,805 tok/s, each within 5% of its figure). Over
+    every count measured more than once, the between-window variance is estimated
+    by the method of moments (DerSimonian-Laird), and only where the windows'
+    chi-square about their counts' means is beyond its 95th percentile: windows
+    that scatter as their intervals say leave every interval as it is.
+    """
+    q = dof = spread = 0.0
+    for windows in groups:
+        points = [
+            (math.log(value), se)
+            for obs in windows
+            if (value := obs.value(metric))
+            and (se := relative_se(value, obs.interval(metric))) is not None
+        ]
+        if len(points) < 2:
+            continue
+        y = np.array([p[0] for p in points])
+        w = np.array([1 / p[1] ** 2 for p in points])
+        mean = float(np.sum(w * y) / w.sum())
+        q += float(np.sum(w * (y - mean) ** 2))
+        dof += len(points) - 1
+        spread += float(w.sum() - np.sum(w**2) / w.sum())
+    if dof == 0 or spread <= 0 or q <= _chi2_95(int(dof)):
+        return 0.0
+    return math.sqrt((q - dof) / spread)
+
+
+def widen(obs: Observation, metric: Metric, tau: float) -> Interval | None:
+    """``obs``'s interval for ``metric`` with the between-window scatter ``tau`` (log
+    terms) added to its own in quadrature; each side keeps its share of the width."""
+    interval, value = obs.interval(metric), obs.value(metric)
+    if interval is None or not value or tau <= 0:
+        return interval
+    se = relative_se(value, interval)
+    assert se is not None
+    factor = math.sqrt(se**2 + tau**2) / se
+    return Interval(
+        max(0.0, value - (value - interval.low) * factor),
+        value + (interval.high - value) * factor,
+    )
+
+
 def draw(a: Pooled, b: Pooled, tolerance_pct: float) -> bool:
     """Two counts' aggregates are a draw: their intervals are too wide to tell them
     apart, or without intervals they lie within ``tolerance_pct`` of the higher one.

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 from runner.search.evidence import (
@@ -22,12 +22,14 @@ from runner.search.evidence import (
     Z_ONE_SIDED,
     Cliff,
     Pooled,
+    drift,
     find_cliffs,
     has_intervals,
     local_fit,
     pool_aggregate,
     pooled_rates,
     relative_se,
+    widen,
 )
 from runner.search.params import SearchParams
 from runner.search.types import Constraint, Metric, Objective, Observation
@@ -57,9 +59,9 @@ class View:
     def __init__(
         self, history: Sequence[Observation], params: SearchParams, objective: Objective
     ) -> None:
-        self.history = history
         self.params = params
         self.objective = objective
+        self.history = with_drift(history, self.is_full)
         self._meets_cache: dict[tuple[int, float], bool] = {}
 
     # -- single windows -------------------------------------------------------------
@@ -126,7 +128,11 @@ class View:
 
     @cached_property
     def rates(self) -> dict[int, Pooled]:
-        return pooled_rates(self.history)
+        """The slowest user's rate per count, from full windows: over a 6 s screening
+        window the slowest of a few hundred users reads far lower than over 30 s
+        (10.6 tok/s at 360 users on the CPU engine, 14.9-17.1 in the 30 s windows
+        round it), and set against full windows it looks like a collapse."""
+        return pooled_rates(obs for obs in self.history if self.is_full(obs))
 
     @cached_property
     def cliffs(self) -> list[Cliff]:
@@ -197,8 +203,14 @@ class View:
     def supported(self, users: int) -> bool:
         """A fit may speak for ``users``: it was measured, or measured counts lie on
         both sides of it within the fit's span and on its side of every cliff. The
-        search never extrapolates past what it measured."""
-        nearby = {obs.users for obs in self._fit_windows(users)}
+        search never extrapolates past what it measured. Where the fit reads the
+        slowest user's rate, only windows that carry its interval count: a window
+        without one (requests too long for the window) does not inform the fit, and
+        the batch tier's windows at 512 users left a fit at 510 to run on from 382."""
+        windows = self._fit_windows(users)
+        if self.statistical and any(c.is_floor for c in self.objective.constraints):
+            windows = [obs for obs in windows if obs.min_user_ci is not None]
+        nearby = {obs.users for obs in windows}
         if users in nearby:
             return True
         below = any(users / FIT_SPAN < n < users for n in nearby)
@@ -301,10 +313,17 @@ class View:
         """The smallest measured count whose windows, taken together, miss a
         constraint (or that was invalid at full length): nothing at or above it is
         claimed to meet them."""
+        passing_full = [
+            users
+            for users, windows in self.full_windows.items()
+            if users not in self.ruled_out and self._pooled_meets(windows)
+        ]
         for users in self.measured:
-            windows = self.full_windows.get(users) or [
-                obs for obs in self.history if obs.users == users
-            ]
+            windows = self.full_windows.get(users)
+            if windows is None:
+                if users < max(passing_full, default=0):
+                    continue
+                windows = [obs for obs in self.history if obs.users == users]
             if users in self.ruled_out or not self._pooled_meets(windows):
                 return users
         return None
@@ -399,6 +418,30 @@ class View:
             return 1
         slope = math.log(rate_lo / rate_hi) / math.log(hi / lo)
         return max(1, int(2 * spread / slope * lo))
+
+
+def with_drift(
+    history: Sequence[Observation], is_full: Callable[[Observation], bool]
+) -> Sequence[Observation]:
+    """``history`` with every window's intervals widened by the scatter that full
+    windows at one count show beyond them (:func:`runner.search.evidence.drift`):
+    on an engine whose pace moves between windows, one window's interval overstates
+    what it says about the count, and each window the search reads is worth less."""
+    repeats = group(obs for obs in history if is_full(obs) and obs.valid and not obs.oom)
+    taus = {
+        metric: drift(repeats.values(), metric)
+        for metric in ("aggregate_tok_s", "min_user_tok_s")
+    }
+    if not any(taus.values()):
+        return history
+    return [
+        replace(
+            obs,
+            aggregate_ci=widen(obs, "aggregate_tok_s", taus["aggregate_tok_s"]),
+            min_user_ci=widen(obs, "min_user_tok_s", taus["min_user_tok_s"]),
+        )
+        for obs in history
+    ]
 
 
 def group(history: Iterable[Observation]) -> dict[int, list[Observation]]:
