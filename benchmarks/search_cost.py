@@ -28,8 +28,10 @@ no-ci       :func:`runner.search.policy.next_step` on windows without intervals 
 runner      the same with each window's 95% intervals.
 
 Columns: mean windows and engine-minutes per search, engine time over the literal's,
-and how often the answer truly meets the floor and lies within 3% and 5% of the best
-aggregate that does (the curve's optimum).
+how often the answer truly meets the floor and lies within 3% and 5% of the best
+aggregate that does (the curve's optimum), and how often the range of boundaries the
+decision states (``users_range``) holds the true boundary (the literal procedure states
+none).
 
     python benchmarks/search_cost.py [--seeds 200] [--serving-seeds 100] [--noise-pct 1.5]
                                      [--drift-pct 0]
@@ -65,6 +67,7 @@ class Outcome:
     best_users: int | None
     windows: int
     engine_s: float
+    users_range: tuple[int, int | None] | None = None  # the boundary's range, as stated
 
 
 def literal_search(curve: Measurable, params: SearchParams, seed: int) -> Outcome:
@@ -174,7 +177,9 @@ def runner_search(
         WARMUP_S + (SCREENING_WINDOW_S if step.screening else WINDOW_S) for step in trace.steps
     )
     assert trace.decision is not None
-    return Outcome(trace.decision.best_users, len(trace.steps), engine_s)
+    return Outcome(
+        trace.decision.best_users, len(trace.steps), engine_s, trace.decision.users_range
+    )
 
 
 PROCEDURES: dict[str, Callable[[Measurable, SearchParams, int], Outcome]] = {
@@ -191,19 +196,27 @@ class Tally:
     within_3: int = 0
     within_5: int = 0
     searches: int = 0
+    ranges: int = 0
+    ranges_held: int = 0
 
-    def add(self, outcome: Outcome, share: float | None) -> None:
+    def add(self, outcome: Outcome, share: float | None, boundary: int | None) -> None:
         self.windows += outcome.windows
         self.engine_s += outcome.engine_s
         self.within_3 += share is not None and share >= 0.97
         self.within_5 += share is not None and share >= 0.95
         self.searches += 1
+        if outcome.users_range is not None and boundary is not None:
+            low, high = outcome.users_range
+            self.ranges += 1
+            self.ranges_held += low <= boundary and (high is None or boundary <= high)
 
     def row(self, label: str, name: str, literal: Tally) -> str:
+        held = f"{self.ranges_held / self.ranges:.0%}" if self.ranges else "n/a"
         return (
             f"| {label} | {name} | {self.windows / self.searches:.1f} "
             f"| {self.engine_s / 60 / self.searches:.0f} | {self.engine_s / literal.engine_s:.3f} "
-            f"| {self.within_3 / self.searches:.0%} | {self.within_5 / self.searches:.0%} |"
+            f"| {self.within_3 / self.searches:.0%} | {self.within_5 / self.searches:.0%} "
+            f"| {held} |"
         )
 
 
@@ -218,6 +231,15 @@ def _share(
     return curve.aggregate_tok_s(best) / curve.aggregate_tok_s(optimum)  # type: ignore[attr-defined]
 
 
+def true_boundary(curve: Measurable, floor: float, max_users: int) -> int | None:
+    """The most users whose true slowest user meets the floor, below the first count
+    that misses it (None when even one user misses it)."""
+    users = 0
+    while users < max_users and curve.min_user_tok_s(users + 1) >= floor:  # type: ignore[attr-defined]
+        users += 1
+    return users or None
+
+
 def run_suite(
     label: str, kinds: tuple[str, ...], draw: Callable[[str, int], Measurable], seeds: int
 ) -> None:
@@ -228,11 +250,12 @@ def run_suite(
         for seed in range(seeds):
             curve = draw(kind, seed)
             optimum = curve.optimum(params.floor_tok_s, params.max_users)  # type: ignore[attr-defined]
+            boundary = true_boundary(curve, params.floor_tok_s, params.max_users)
             for name, procedure in PROCEDURES.items():
                 outcome = procedure(curve, params, seed)
                 share = _share(curve, outcome.best_users, params.floor_tok_s, optimum)
-                tallies[name].add(outcome, share)
-                totals[name].add(outcome, share)
+                tallies[name].add(outcome, share, boundary)
+                totals[name].add(outcome, share, boundary)
         for name, tally in tallies.items():
             print(tally.row(kind, name, tallies["literal"]))
     for name, tally in totals.items():
@@ -347,9 +370,10 @@ def main() -> None:
         "windows"
     )
     print(
-        "| curves | procedure | windows | engine-min | engine time / literal | within 3% | within 5% |"
+        "| curves | procedure | windows | engine-min | engine time / literal | within 3% | within 5% "
+        "| range holds the boundary |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     run_suite(
         "shapes",
         SHAPES,

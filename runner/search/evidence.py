@@ -197,16 +197,16 @@ def drift(groups: Iterable[Sequence[Observation]], metric: Metric) -> float:
 
 def widen(obs: Observation, metric: Metric, tau: float) -> Interval | None:
     """``obs``'s interval for ``metric`` with the between-window scatter ``tau`` (log
-    terms) added to its own in quadrature; each side keeps its share of the width."""
+    terms) added to each side in quadrature. The drift moves a window either way, so
+    it widens both sides alike: the slowest user's interval, which starts at the
+    window's figure (its truth lies above a minimum that reads low), gains a low side."""
     interval, value = obs.interval(metric), obs.value(metric)
     if interval is None or not value or tau <= 0:
         return interval
-    se = relative_se(value, interval)
-    assert se is not None
-    factor = math.sqrt(se**2 + tau**2) / se
+    spread = Z95 * tau * value
     return Interval(
-        max(0.0, value - (value - interval.low) * factor),
-        value + (interval.high - value) * factor,
+        max(0.0, value - math.hypot(value - interval.low, spread)),
+        value + math.hypot(interval.high - value, spread),
     )
 
 

@@ -128,11 +128,16 @@ class View:
 
     @cached_property
     def rates(self) -> dict[int, Pooled]:
-        """The slowest user's rate per count, from full windows: over a 6 s screening
-        window the slowest of a few hundred users reads far lower than over 30 s
-        (10.6 tok/s at 360 users on the CPU engine, 14.9-17.1 in the 30 s windows
-        round it), and set against full windows it looks like a collapse."""
-        return pooled_rates(obs for obs in self.history if self.is_full(obs))
+        """The slowest user's rate per count, from full windows and, above the last
+        of them, screening windows (where the doubling meets a collapse, as a KV cache
+        that overflows). Among full windows a screening window is left out: over 6 s
+        the slowest of a few hundred users reads far lower than over 30 s (10.6 tok/s
+        at 360 users on the CPU engine, 14.9-17.1 in the 30 s windows round it), and
+        set against them it looks like a collapse."""
+        top = max(self.full_windows, default=0)
+        return pooled_rates(
+            obs for obs in self.history if self.is_full(obs) or obs.users > top
+        )
 
     @cached_property
     def cliffs(self) -> list[Cliff]:
@@ -208,11 +213,11 @@ class View:
         without one (requests too long for the window) does not inform the fit, and
         the batch tier's windows at 512 users left a fit at 510 to run on from 382."""
         windows = self._fit_windows(users)
+        if users in {obs.users for obs in windows}:
+            return True
         if self.statistical and any(c.is_floor for c in self.objective.constraints):
             windows = [obs for obs in windows if obs.min_user_ci is not None]
         nearby = {obs.users for obs in windows}
-        if users in nearby:
-            return True
         below = any(users / FIT_SPAN < n < users for n in nearby)
         above = any(users < n < users * FIT_SPAN for n in nearby)
         return below and above
