@@ -55,7 +55,14 @@ import numpy as np
 
 from runner.search.policy import Observation, SearchParams
 from runner.search.serving import FAMILIES, draw_serving_curve
-from runner.search.simulator import SHAPES, Curve, Measurable, draw_curve, run_policy
+from runner.search.simulator import (
+    SHAPES,
+    Curve,
+    Measurable,
+    draw_curve,
+    run_policy,
+    true_boundary,
+)
 
 WINDOW_S = 300.0
 SCREENING_WINDOW_S = 60.0
@@ -229,15 +236,6 @@ def _share(
     if curve.min_user_tok_s(best) < floor:  # type: ignore[attr-defined]
         return None
     return curve.aggregate_tok_s(best) / curve.aggregate_tok_s(optimum)  # type: ignore[attr-defined]
-
-
-def true_boundary(curve: Measurable, floor: float, max_users: int) -> int | None:
-    """The most users whose true slowest user meets the floor, below the first count
-    that misses it (None when even one user misses it)."""
-    users = 0
-    while users < max_users and curve.min_user_tok_s(users + 1) >= floor:  # type: ignore[attr-defined]
-        users += 1
-    return users or None
 
 
 def run_suite(

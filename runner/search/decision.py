@@ -226,8 +226,8 @@ def _flags(history: Sequence[Observation], params: SearchParams) -> list[str]:
     more spread; 14.2 against 16.9-17.1 tok/s at 318-321 users on the CPU engine),
     and set against a full window's it looks like a collapse."""
     view = View(history, params, params.default)
-    # The view's windows carry the engine's drift between windows in their intervals:
-    # a jump between two counts that repeats at one count also show is no cliff.
+    # The view's windows carry the engine's drift between windows in their intervals,
+    # so a jump between two counts no larger than repeats at one count show is no cliff.
     full = [obs for obs in view.history if view.is_full(obs) and obs.valid and not obs.oom]
     rates = pooled_rates(full)
     flags = [

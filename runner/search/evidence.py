@@ -151,15 +151,22 @@ def _pooled_log(values: Sequence[float], ses: Sequence[float | None]) -> tuple[f
     factor by which the windows' scatter beyond chance widens it (1 within chance)."""
     weights = np.array([1 / se**2 for se in ses if se is not None])
     logs = np.log(np.maximum(np.asarray(values, dtype=float), 1e-12))
-    centre = float(np.sum(weights * logs) / weights.sum())
+    centre, chi_square = _chi_square(logs, weights)
     half = Z95 / math.sqrt(weights.sum())
     dof = len(logs) - 1
     scale = 1.0
     if dof >= 1:
-        excess = float(np.sum(weights * (logs - centre) ** 2)) / dof
+        excess = chi_square / dof
         if excess > _chi2_95(dof) / dof:
             scale = math.sqrt(excess)
     return centre, half, scale
+
+
+def _chi_square(logs: np.ndarray, weights: np.ndarray) -> tuple[float, float]:
+    """The inverse-variance centre of ``logs`` and their weighted squared deviations
+    from it (chi-square with one degree of freedom fewer than there are values)."""
+    centre = float(np.sum(weights * logs) / weights.sum())
+    return centre, float(np.sum(weights * (logs - centre) ** 2))
 
 
 def drift(groups: Iterable[Sequence[Observation]], metric: Metric) -> float:
@@ -184,10 +191,8 @@ def drift(groups: Iterable[Sequence[Observation]], metric: Metric) -> float:
         ]
         if len(points) < 2:
             continue
-        y = np.array([p[0] for p in points])
         w = np.array([1 / p[1] ** 2 for p in points])
-        mean = float(np.sum(w * y) / w.sum())
-        q += float(np.sum(w * (y - mean) ** 2))
+        q += _chi_square(np.array([p[0] for p in points]), w)[1]
         dof += len(points) - 1
         spread += float(w.sum() - np.sum(w**2) / w.sum())
     if dof == 0 or spread <= 0 or q <= _chi2_95(int(dof)):

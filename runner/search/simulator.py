@@ -163,6 +163,16 @@ class Measurable(Protocol):
     ) -> Observation: ...
 
 
+def true_boundary(curve: Measurable, floor_tok_s: float, max_users: int) -> int | None:
+    """The most users whose true slowest user meets the floor, below the first count
+    that misses it (None when even one user misses it): what a stated range of
+    boundaries should hold."""
+    users = 0
+    while users < max_users and curve.min_user_tok_s(users + 1) >= floor_tok_s:  # type: ignore[attr-defined]
+        users += 1
+    return users or None
+
+
 def run_policy(
     curve: Measurable,
     params: SearchParams,

@@ -318,15 +318,20 @@ class View:
         """The smallest measured count whose windows, taken together, miss a
         constraint (or that was invalid at full length): nothing at or above it is
         claimed to meet them."""
-        passing_full = [
-            users
-            for users, windows in self.full_windows.items()
-            if users not in self.ruled_out and self._pooled_meets(windows)
-        ]
+        # A screening window below a count whose full windows meet the limits steers
+        # only: its slowest user reads low over a few seconds.
+        passing_full = max(
+            (
+                users
+                for users, windows in self.full_windows.items()
+                if users not in self.ruled_out and self._pooled_meets(windows)
+            ),
+            default=0,
+        )
         for users in self.measured:
             windows = self.full_windows.get(users)
             if windows is None:
-                if users < max(passing_full, default=0):
+                if users < passing_full:
                     continue
                 windows = [obs for obs in self.history if obs.users == users]
             if users in self.ruled_out or not self._pooled_meets(windows):
