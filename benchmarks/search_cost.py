@@ -35,11 +35,13 @@ none).
 
     python benchmarks/search_cost.py [--seeds 200] [--serving-seeds 100] [--noise-pct 1.5]
                                      [--drift-pct 0]
-    python benchmarks/search_cost.py --cpu [--cpu-noise-pct 11]
+    python benchmarks/search_cost.py --cpu [--cpu-noise-pct 11] [--drift-pct 0]
 
 ``--cpu`` costs the embedded default (``python -m runner``: tiny model, 2 cores) instead:
-saturating curves shaped like the one measured there (2,200-3,200 tok/s at capacity,
-the floor binding past 100 users), window noise given at a 20 s window, each window
+saturating curves shaped like the ones measured there (2,200-6,400 tok/s at capacity
+across days, the floor binding past 100 users or beyond the 256-user ceiling), window
+noise given at a 20 s window, with ``--drift-pct`` an engine whose pace moves between
+windows, each window
 charged warm-up, window and one second of drain, for ``conf/search/bracket_cpu.yaml``
 as it was and as it is.
 """
@@ -285,19 +287,27 @@ CPU_MAX_USERS = 256  # engine.max_num_seqs in conf/engine/cpu.yaml
 CPU_DRAIN_S = 1.0
 
 
-def cpu_curve(seed: int, noise_at_20_s: float) -> Curve:
+CPU_CAPACITY_TOK_S = (2200.0, 6400.0)  # the CPU engine's aggregate at capacity, across days
+
+
+def cpu_curve(seed: int, noise_at_20_s: float, drift_pct: float = 0.0) -> Curve:
     rng = np.random.default_rng([seed, 77])
     return Curve(
         "saturating",
-        capacity_tok_s=rng.uniform(2200, 3200),
+        capacity_tok_s=rng.uniform(*CPU_CAPACITY_TOK_S),
         half_users=rng.uniform(15, 40),
         fairness=rng.uniform(0.8, 1.0),
         noise_pct=noise_at_20_s * (20 / WINDOW_S) ** 0.5,
+        drift_pct=drift_pct,
     )
 
 
-def run_cpu(seeds: int, noise_at_20_s: float) -> None:
-    print(f"{seeds} CPU-like curves, window noise {noise_at_20_s}% at 20 s")
+def run_cpu(seeds: int, noise_at_20_s: float, drift_pct: float = 0.0) -> None:
+    low, high = CPU_CAPACITY_TOK_S
+    print(
+        f"{seeds} CPU-like curves ({low:,.0f}-{high:,.0f} tok/s at capacity), window noise "
+        f"{noise_at_20_s}% at 20 s, drift {drift_pct}% between windows"
+    )
     print(
         "| search config | windows | window seconds, mean | 90th percentile | feasible, within 5% |"
     )
@@ -311,7 +321,7 @@ def run_cpu(seeds: int, noise_at_20_s: float) -> None:
         )
         seconds, windows, close = [], [], 0
         for seed in range(seeds):
-            curve = cpu_curve(seed, noise_at_20_s)
+            curve = cpu_curve(seed, noise_at_20_s, drift_pct)
             trace = run_policy(
                 curve,
                 params,
@@ -351,8 +361,8 @@ def main() -> None:
         "--drift-pct",
         type=float,
         default=0.0,
-        help="serving curves: the engine's pace moves this much between windows, unseen by "
-        "their intervals",
+        help="serving curves (with --cpu, the CPU curves): the engine's pace moves this much "
+        "between windows, unseen by their intervals",
     )
     parser.add_argument("--cpu", action="store_true", help="cost the embedded CPU default")
     parser.add_argument(
@@ -360,7 +370,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.cpu:
-        run_cpu(args.seeds, args.cpu_noise_pct)
+        run_cpu(args.seeds, args.cpu_noise_pct, args.drift_pct)
         return
     print(
         f"{args.seeds} seeds per shape, {args.serving_seeds} per serving family; window noise "

@@ -43,6 +43,7 @@ class Curve:
     thrash_pct: float = 0.0
     oom_users: int | None = None
     noise_pct: float = 1.5
+    drift_pct: float = 0.0  # the engine's pace between windows, as in serving.ServingCurve
 
     def aggregate_tok_s(self, users: int) -> float:
         if self.thrash_users is None:
@@ -83,6 +84,10 @@ class Curve:
             return Observation(users, 0.0, 0.0, valid=False, phase=phase, oom=True)
         spread = self.noise_pct / 100 * math.sqrt(REFERENCE_WINDOW_S / window_s)
         aggregate, slowest = 1 + spread * rng.standard_normal(2)
+        if self.drift_pct:
+            # Both figures move together between windows, unseen by their intervals.
+            pace = 1 + self.drift_pct / 100 * rng.standard_normal()
+            aggregate, slowest = aggregate * pace, slowest * pace
         aggregate *= self.aggregate_tok_s(users)
         slowest *= self.min_user_tok_s(users)
         return Observation(
