@@ -191,3 +191,22 @@ def test_a_count_measured_only_by_windows_without_an_interval_is_still_searched(
     history = cpu_tiers_run("cpu_tiers_run_20261206_drift.jsonl")
     assert len(history) == 48
     assert next_step(history, TIERS) == Step(512, "confirm", screening=False)
+
+
+def test_one_window_ahead_of_the_edge_is_repeated_before_the_search_walks_to_it() -> None:
+    """`python -m runner` on a fresh machine (2026-12-07): 15 windows, 5.58
+    engine-minutes. Below the ceiling (256 users, 5,252 tok/s over 30 s), one 30 s
+    window at 255 users read 5,915 tok/s, its interval clear of 256's. The search took
+    255 as a peak and walked towards it from 224 users (240, 248, 252 and 254, four
+    30 s windows, all 5,303-5,458); the second window at 255 then read 5,225, the
+    drift between windows widened every interval, and the answer went back to the
+    edge. Now the lone window ahead of the edge is repeated first, and the repeat
+    ends the walk before it starts."""
+    params = SearchParams(start_users=7, max_users=256, confirm_repeats=2, screening=True)
+    history = cpu_tiers_run("cpu_default_run_20261207.jsonl")
+    assert len(history) == 15
+    ahead, walk, repeat = history[:10], history[10:14], history[14]
+    assert [obs.users for obs in walk] == [240, 248, 252, 254]
+    assert next_step(ahead, params) == Step(255, "confirm", screening=False)
+    step = next_step([*ahead, repeat], params)
+    assert step is None or step.users > 252, step
