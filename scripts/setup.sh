@@ -16,6 +16,9 @@ fi
 # +cpu torch and break vLLM's import of transformers; runner needs none of them.
 .venv/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import vllm, runner; print('vllm', vllm.__version__)"
+# The engine's flags, read once per installed vLLM (--help=all takes seconds), so that a
+# first run checks its engine flags without waiting for them.
+.venv/bin/python -m runner.prepare.flags
 
 if [ "${1:-}" = "--docker" ]; then
   if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then

@@ -221,3 +221,21 @@ def local_supported_flags(python: str, cache_dir: Path) -> set[str]:
     flags = _require_flags(parse_flags(done.stdout), f"{python} -m {SERVER_MODULE}", output)
     _write_cache(cache, flags, version)
     return flags
+
+
+def main() -> None:
+    """Record the local vLLM's flags in runner's default cache. ``scripts/setup.sh``
+    runs it once after installing vLLM, so that a first run does not wait for
+    ``--help=all``; a run with another ``cache_dir`` reads them itself."""
+    import sys
+
+    from runner.config.run import RunConfig
+
+    cache_dir = Path(RunConfig.model_fields["cache_dir"].default)
+    supported = local_supported_flags(sys.executable, cache_dir)
+    print(f"recorded the {len(supported)} engine flags of the local vLLM in {cache_dir}/flags")
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    main()
