@@ -205,7 +205,7 @@ def _users_range(view: View) -> tuple[int, int | None] | None:
     misses a constraint (the search stopped where the aggregate stopped rising), the
     boundary lies at or above the low end and the high end is unknown: ``None``."""
     if view.statistical:
-        low, high = view.candidate(), view.possible()
+        low, high = view.candidate(), view.far_end()
     else:
         eligible = view.eligible()
         low = max(eligible, default=None)

@@ -365,6 +365,42 @@ class View:
                 return users
         return None
 
+    def far_end(self) -> int | None:
+        """The far end of the boundary's range: one below the smallest count above
+        the cautious end (:meth:`candidate`) that the windows rule out.
+
+        A count is ruled out by its own full windows (:attr:`ceiling`, with the cliffs),
+        by a fit that says it clearly misses a limit, or, for the per-user floor, by
+        the aggregate: the slowest user never outpaces the mean one, whose rate is the
+        aggregate over the users, and no window measured an aggregate above the
+        highest end of their intervals. Between measured counts too far apart for a
+        fit, nothing rules a count out: 28 users passing and 56 clearly missing leave
+        29-55 possible, where :meth:`possible` (which steers the search) ends at 28.
+        """
+        low = self.candidate()
+        if low is None:
+            return None
+        top = min(self.ceiling, max(self.measured, default=0))
+        floors = [
+            c.limit
+            for c in self.objective.constraints
+            if c.is_floor and c.metric == "min_user_tok_s"
+        ]
+        if floors:
+            peak = max(
+                (
+                    obs.aggregate_ci.high if obs.aggregate_ci is not None else obs.aggregate_tok_s
+                    for obs in self.history
+                    if obs.valid and not obs.oom
+                ),
+                default=0.0,
+            )
+            top = min(top, int(peak / max(floors)))
+        for users in range(low + 1, top + 1):
+            if self.supported(users) and not self.meets(users, -Z_ONE_SIDED):
+                return users - 1
+        return max(low, top)
+
     def rising_into(self, users: int) -> bool:
         """The aggregate rises into ``users`` smoothly: a local fit through the windows
         below it has a slope clearly above zero and no more scatter than their

@@ -102,6 +102,43 @@ def test_the_decision_states_the_range_of_the_boundary() -> None:
     assert inside >= 54
 
 
+def test_counts_no_window_can_speak_for_stay_inside_the_range() -> None:
+    """Issue 12 part 2 asks for "the range of N consistent with the windows". Where
+    the aggregate peaks early (preemption thrash) the search measures the peak and
+    the doubling's failure, and no fit spans the gap: 28 users meet the floor, 56
+    clearly miss it, and 29-55 are all consistent with the windows. The range said
+    28-28 before, and held the true boundary in 6% of the interior-peak searches."""
+    history = [
+        *confirmed(28, 3000.0, 75.0, 0.02),
+        window(56, 400.0, 5.0, 0.05),
+    ]
+    decision = decide(history, SearchParams(start_users=7, confirm_repeats=3))
+    assert decision.best_users == 28
+    assert decision.users_range == (28, 55)
+    held = 0
+    for seed in range(40):
+        curve = draw_curve("interior_peak", seed, noise_pct=1.5)
+        decision = run_policy(curve, SCREENED, seed).decision
+        assert decision is not None and decision.users_range is not None
+        low, high = decision.users_range
+        boundary = max(n for n in range(1, 400) if curve.min_user_tok_s(n) >= 15.0)
+        held += low <= boundary and (high is None or boundary <= high)
+    assert held >= 34, held
+
+
+def test_the_aggregate_bounds_the_range_where_no_window_measured() -> None:
+    """The slowest user never outpaces the mean one, which gets the aggregate over
+    the users. The highest aggregate any window allows is 4,095 tok/s (3,900 with a 5%
+    interval, at 400 users), so more than 273 users cannot all get 15 tok/s, whatever
+    windows between 100 and 400 users would have read."""
+    history = [
+        *confirmed(100, 3800.0, 30.0, 0.02),
+        window(400, 3900.0, 6.0, 0.05),
+    ]
+    decision = decide(history, SearchParams(start_users=7, confirm_repeats=3, max_users=512))
+    assert decision.users_range == (100, int(3900.0 * 1.05 / 15.0))
+
+
 def test_a_cliff_is_flagged_where_the_slowest_user_collapses() -> None:
     """kv_cliff: past ``cliff_users`` the slowest user loses 30% per extra user; the
     decision names the measured counts the collapse lies between."""
