@@ -31,7 +31,7 @@ Columns: mean windows and engine-minutes per search, engine time over the litera
 how often the answer truly meets the floor and lies within 3% and 5% of the best
 aggregate that does (the curve's optimum), and how often the range of boundaries the
 decision states (``users_range``) holds the true boundary (the literal procedure states
-none).
+none), and that range's median width as a share of the true boundary (closed ranges).
 
     python benchmarks/search_cost.py [--seeds 200] [--serving-seeds 100] [--noise-pct 1.5]
                                      [--drift-pct 0]
@@ -51,7 +51,7 @@ from __future__ import annotations
 import argparse
 import statistics
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -207,6 +207,7 @@ class Tally:
     searches: int = 0
     ranges: int = 0
     ranges_held: int = 0
+    widths: list[float] = field(default_factory=list)
 
     def add(self, outcome: Outcome, share: float | None, boundary: int | None) -> None:
         self.windows += outcome.windows
@@ -218,14 +219,17 @@ class Tally:
             low, high = outcome.users_range
             self.ranges += 1
             self.ranges_held += low <= boundary and (high is None or boundary <= high)
+            if high is not None and boundary > 0:
+                self.widths.append((high - low) / boundary)
 
     def row(self, label: str, name: str, literal: Tally) -> str:
         held = f"{self.ranges_held / self.ranges:.0%}" if self.ranges else "n/a"
+        width = f"{statistics.median(self.widths):.0%}" if self.widths else "n/a"
         return (
             f"| {label} | {name} | {self.windows / self.searches:.1f} "
             f"| {self.engine_s / 60 / self.searches:.0f} | {self.engine_s / literal.engine_s:.3f} "
             f"| {self.within_3 / self.searches:.0%} | {self.within_5 / self.searches:.0%} "
-            f"| {held} |"
+            f"| {held} | {width} |"
         )
 
 
@@ -379,9 +383,9 @@ def main() -> None:
     )
     print(
         "| curves | procedure | windows | engine-min | engine time / literal | within 3% | within 5% "
-        "| range holds the boundary |"
+        "| range holds the boundary | range width |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     run_suite(
         "shapes",
         SHAPES,
