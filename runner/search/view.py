@@ -372,8 +372,9 @@ class View:
         A count is ruled out by its own full windows (:attr:`ceiling`, with the cliffs),
         by a fit that says it clearly misses a limit, or, for the per-user floor, by
         the aggregate: the slowest user never outpaces the mean one, whose rate is the
-        aggregate over the users, and no window measured an aggregate above the
-        highest end of their intervals. Between measured counts too far apart for a
+        aggregate over the users, and between measured counts the aggregate is taken
+        to stay under the highest any window allows (the top of its interval), a
+        bound that no fit is needed for. Between measured counts too far apart for a
         fit, nothing rules a count out: 28 users passing and 56 clearly missing leave
         29-55 possible, where :meth:`possible` (which steers the search) ends at 28.
         """
