@@ -163,7 +163,8 @@ def _refine_step(view: View) -> Step | None:
         # there shows the drift before a walk towards the peak spends windows on it.
         return Step(peak, "confirm", screening=False)
     if not at_edge:
-        probe = peak_probe(points, peak, params, view.statistical)
+        probed = [obs.users for obs in view.history if obs.phase == "refine" and view.is_full(obs)]
+        probe = peak_probe(points, peak, params, view.statistical, probed)
         if probe is not None:
             return Step(probe, "refine", screening=False)
     if not points[peak].full:

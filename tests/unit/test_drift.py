@@ -213,3 +213,21 @@ def test_one_window_ahead_of_the_edge_is_repeated_before_the_search_walks_to_it(
     assert next_step(ahead, params) == Step(255, "confirm", screening=False)
     step = next_step([*ahead, repeat], params)
     assert step is None or step.users > 252, step
+
+
+def test_a_walk_towards_a_peak_stops_once_its_probes_draw_with_it() -> None:
+    """The same tiers command on 2026-12-07: 46 windows, 21.7 engine-minutes. The
+    default floor's peak search walked from 56 to 168 users, whose two windows (5,748
+    and 5,197 tok/s) put it clearly under 56's (5,975 and 5,842) before the drift
+    showed. Nine windows at 57-83 users read 4,419-6,203 tok/s with no order in the
+    count, and the answer, 345 users, lay past them all, drawing with the best. Once
+    two probes in a row (83 and 69 users) draw with the peak, the walk stops, and the
+    search measures the peak's neighbours instead."""
+    history = cpu_tiers_run("cpu_tiers_run_20261207.jsonl")
+    assert len(history) == 46
+    assert [obs.users for obs in history[16:18]] == [83, 69]
+    assert history[18].users == 62  # the walk went on
+    step = next_step(history[:18], TIERS)
+    assert step is not None and step.users in (55, 57), step
+    decision = decide(history, TIERS)
+    assert decision.best_users == 345
