@@ -370,7 +370,8 @@ class View:
         the cautious end (:meth:`candidate`) that the windows rule out.
 
         A count is ruled out by its own full windows (:attr:`ceiling`, with the cliffs),
-        by a fit that says it clearly misses a limit, or, for the per-user floor, by
+        by a fit that says it clearly misses a limit (:meth:`_fit_rules_out`), or, for
+        the per-user floor, by
         the aggregate: the slowest user never outpaces the mean one, whose rate is the
         aggregate over the users, and between measured counts the aggregate is taken
         to stay under the highest any window allows (the top of its interval), a
@@ -398,9 +399,27 @@ class View:
             )
             top = min(top, int(peak / max(floors)))
         for users in range(low + 1, top + 1):
-            if self.supported(users) and not self.meets(users, -Z_ONE_SIDED):
+            if self._fit_rules_out(users):
                 return users - 1
         return max(low, top)
+
+    def _fit_rules_out(self, users: int) -> bool:
+        """A fit through the windows near ``users`` puts it past a limit beyond its
+        one-sided 95% interval. Here a fit may run on past the windows, as it may not
+        to say a count meets the limits: ruling a count out on the trend below it is
+        the cautious direction for the range's far end, and the fit's interval widens
+        with the distance it runs."""
+        for constraint in self.objective.constraints:
+            if not self._has_intervals(constraint.metric):
+                continue
+            fit = local_fit(self._fit_windows(users), constraint.metric, users)
+            if fit is None:
+                continue
+            if constraint.is_floor and fit.bound(Z_ONE_SIDED) < constraint.limit:
+                return True
+            if not constraint.is_floor and fit.bound(-Z_ONE_SIDED) > constraint.limit:
+                return True
+        return False
 
     def rising_into(self, users: int) -> bool:
         """The aggregate rises into ``users`` smoothly: a local fit through the windows
