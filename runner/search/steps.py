@@ -12,8 +12,10 @@ refine   per objective, in order: the boundary between its last pass and first f
          found by interpolation on the per-user rate with bisection as a safeguard
          (for the default floor, skipped when the last pass is already clearly below
          the best aggregate: with one peak nothing past it can win); a search for an
-         aggregate peak that lies between measured points; then the counts round
-         the peak and the boundary that have no full-length window yet.
+         aggregate peak that lies between measured points (with intervals: a lone
+         window next to the edge that puts a count ahead of it is repeated first,
+         and two probes in a row that draw with the peak end the search); then the
+         counts round the peak and the boundary that have no full-length window yet.
 confirm  the provisional best until it has ``confirm_repeats`` full-length windows,
          earlier ones included, and the neighbours that could still take its place.
 
