@@ -13,6 +13,7 @@ import json
 import logging
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -227,8 +228,6 @@ def main() -> None:
     """Record the local vLLM's flags in runner's default cache. ``scripts/setup.sh``
     runs it once after installing vLLM, so that a first run does not wait for
     ``--help=all``; a run with another ``cache_dir`` reads them itself."""
-    import sys
-
     from runner.config.run import RunConfig
 
     cache_dir = Path(RunConfig.model_fields["cache_dir"].default)

@@ -239,20 +239,23 @@ class View:
         return self._meets_cache[key]
 
     def _meets(self, constraint: Constraint, users: int, z: float) -> bool:
-        nearby = self._fit_windows(users)
         if self.statistical and self._has_intervals(constraint.metric):
-            # Windows without an interval (a screening window too short for one)
-            # are left out of the fit.
-            fit = local_fit(nearby, constraint.metric, users)
-            if fit is None:
-                return False
-            if constraint.is_floor:
-                return fit.bound(-z) >= constraint.limit
-            return fit.bound(z) <= constraint.limit
+            return self._fit_meets(constraint, users, z) is True
         windows = self.full_windows.get(users, [])
         return bool(windows) and all(
             constraint.met(obs.value(constraint.metric)) for obs in windows
         )
+
+    def _fit_meets(self, constraint: Constraint, users: int, z: float) -> bool | None:
+        """Whether a local fit at ``users``, ``z`` standard errors towards caution, is
+        within ``constraint``'s limit; None where no fit can be drawn. Windows without
+        an interval (a screening window too short for one) are left out of the fit."""
+        fit = local_fit(self._fit_windows(users), constraint.metric, users)
+        if fit is None:
+            return None
+        if constraint.is_floor:
+            return fit.bound(-z) >= constraint.limit
+        return fit.bound(z) <= constraint.limit
 
     def _fit_windows(self, users: int) -> list[Observation]:
         """Valid windows on ``users``'s side of every cliff."""
@@ -371,13 +374,13 @@ class View:
 
         A count is ruled out by its own full windows (:attr:`ceiling`, with the cliffs),
         by a fit that says it clearly misses a limit (:meth:`_fit_rules_out`), or, for
-        the per-user floor, by
-        the aggregate: the slowest user never outpaces the mean one, whose rate is the
-        aggregate over the users, and between measured counts the aggregate is taken
-        to stay under the highest any window allows (the top of its interval), a
-        bound that no fit is needed for. Between measured counts too far apart for a
-        fit, nothing rules a count out: 28 users passing and 56 clearly missing leave
-        29-55 possible, where :meth:`possible` (which steers the search) ends at 28.
+        the per-user floor, by the aggregate: the slowest user never outpaces the mean
+        one, whose rate is the aggregate over the users, and between measured counts
+        the aggregate is taken to stay under the highest any window allows (the top of
+        its interval), a bound that no fit is needed for. Between measured counts too
+        far apart for a fit, nothing rules a count out: 28 users passing and 56 clearly
+        missing leave 29-55 possible, where :meth:`possible` (which steers the search)
+        ends at 28.
         """
         low = self.candidate()
         if low is None:
@@ -409,17 +412,11 @@ class View:
         to say a count meets the limits: ruling a count out on the trend below it is
         the cautious direction for the range's far end, and the fit's interval widens
         with the distance it runs."""
-        for constraint in self.objective.constraints:
-            if not self._has_intervals(constraint.metric):
-                continue
-            fit = local_fit(self._fit_windows(users), constraint.metric, users)
-            if fit is None:
-                continue
-            if constraint.is_floor and fit.bound(Z_ONE_SIDED) < constraint.limit:
-                return True
-            if not constraint.is_floor and fit.bound(-Z_ONE_SIDED) > constraint.limit:
-                return True
-        return False
+        return any(
+            self._has_intervals(constraint.metric)
+            and self._fit_meets(constraint, users, -Z_ONE_SIDED) is False
+            for constraint in self.objective.constraints
+        )
 
     def rising_into(self, users: int) -> bool:
         """The aggregate rises into ``users`` smoothly: a local fit through the windows
